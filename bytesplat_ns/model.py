@@ -1,0 +1,198 @@
+"""ByteSplat model: splatfacto's Gaussians, losses and densification, rendered through `rasterize()`.
+
+A SplatfactoModel subclass that keeps splatfacto's parameter names, so ns-export, ns-render and the
+viewer treat it as a splat model. Differences: the renderer is chosen by config, nothing needs CUDA,
+nothing is compiled or downloaded on construction, and checkpoints resume into the same parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Type, Union
+
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.models.splatfacto import (
+    RGB2SH,
+    SplatfactoModel,
+    SplatfactoModelConfig,
+    num_sh_bases,
+    random_quat_tensor,
+)
+from gsplat.strategy import DefaultStrategy
+from pytorch_msssim import SSIM
+from torch import Tensor
+
+from bytesplat_ns.lpips import lpips_if_weights_on_disk
+from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
+
+GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+@dataclass
+class ByteSplatModelConfig(SplatfactoModelConfig):
+    """Splatfacto's options plus the choice of renderer."""
+
+    _target: Type = field(default_factory=lambda: ByteSplatModel)
+    renderer: Backend = "auto"
+    """Rasterizer backend: torch (pure-PyTorch reference, any device), gsplat (CUDA), or auto (best available)."""
+
+
+def viewmat_from_camera_to_world(c2w: Tensor) -> Tensor:
+    """Nerfstudio camera-to-world [3, 4] (OpenGL axes) -> world-to-camera [4, 4] in OpenCV axes."""
+    rot = c2w[:, :3] * c2w.new_tensor([1.0, -1.0, -1.0])  # flip y and z
+    viewmat = torch.eye(4, dtype=c2w.dtype, device=c2w.device)
+    viewmat[:3, :3] = rot.T
+    viewmat[:3, 3] = -rot.T @ c2w[:, 3]
+    return viewmat
+
+
+class ByteSplatModel(SplatfactoModel):
+    config: ByteSplatModelConfig
+
+    def populate_modules(self) -> None:
+        self.gauss_params = torch.nn.ParameterDict(self._initial_gaussians())
+        self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
+        from torchmetrics.image import PeakSignalNoiseRatio
+
+        self.psnr = PeakSignalNoiseRatio(data_range=1.0)
+        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
+        self.lpips = lpips_if_weights_on_disk()
+        self.step = 0
+        self.crop_box = None
+        self.background_color = (
+            torch.tensor([0.1490, 0.1647, 0.2157])  # viser's background, used when rendering for eval
+            if self.config.background_color == "random"
+            else torch.tensor({"white": [1.0, 1.0, 1.0], "black": [0.0, 0.0, 0.0]}[self.config.background_color])
+        )
+        if self.config.use_bilateral_grid:
+            from nerfstudio.model_components.lib_bilagrid import BilateralGrid
+
+            x, y, w = self.config.grid_shape
+            self.bil_grids = BilateralGrid(num=self.num_train_data, grid_X=x, grid_Y=y, grid_W=w)
+        cfg = self.config
+        self.strategy = DefaultStrategy(  # splatfacto's densification, option for option
+            prune_opa=cfg.cull_alpha_thresh,
+            grow_grad2d=cfg.densify_grad_thresh,
+            grow_scale3d=cfg.densify_size_thresh,
+            grow_scale2d=cfg.split_screen_size,
+            prune_scale3d=cfg.cull_scale_thresh,
+            prune_scale2d=cfg.cull_screen_size,
+            refine_scale2d_stop_iter=cfg.stop_screen_size_at,
+            refine_start_iter=cfg.warmup_length,
+            refine_stop_iter=cfg.stop_split_at,
+            reset_every=cfg.reset_alpha_every * cfg.refine_every,
+            refine_every=cfg.refine_every,
+            pause_refine_after_reset=self.num_train_data + cfg.refine_every,
+            absgrad=cfg.use_absgrad,
+            revised_opacity=False,
+            verbose=True,
+        )
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+
+    def _initial_gaussians(self) -> Dict[str, torch.nn.Parameter]:
+        """Splatfacto's initialisation (seed points or a random cube), built on the CPU."""
+        cfg = self.config
+        seeded = self.seed_points is not None and not cfg.random_init
+        means = self.seed_points[0].float() if seeded else (torch.rand(cfg.num_random, 3) - 0.5) * cfg.random_scale
+        distances, _ = self.k_nearest_sklearn(means, 3)
+        scales = torch.log(torch.from_numpy(distances).mean(dim=-1, keepdim=True)).repeat(1, 3)
+        n, dim_sh = means.shape[0], num_sh_bases(cfg.sh_degree)
+        shs = torch.zeros(n, dim_sh, 3)
+        if seeded and self.seed_points[1].shape[0] > 0:
+            rgb = self.seed_points[1].float() / 255.0
+            shs[:, 0] = RGB2SH(rgb) if cfg.sh_degree > 0 else torch.logit(rgb, eps=1e-10)
+        else:
+            shs[:, 0] = torch.rand(n, 3)
+        tensors = {
+            "means": means,
+            "scales": scales,
+            "quats": random_quat_tensor(n),
+            "features_dc": shs[:, 0],
+            "features_rest": shs[:, 1:],
+            "opacities": torch.logit(0.1 * torch.ones(n, 1)),
+        }
+        return {name: torch.nn.Parameter(t.contiguous()) for name, t in tensors.items()}
+
+    def load_state_dict(self, state_dict, **kwargs):  # type: ignore[override]
+        """Resize the Gaussians in place to the checkpoint's count, then load.
+
+        Resizing in place keeps the Parameter objects the optimizers already hold, so a resumed run keeps
+        training them (replacing them, as splatfacto does, leaves the optimizers stepping stale tensors).
+        """
+        self.step = 30000  # as splatfacto: a loaded model renders at full resolution and full SH degree
+        n = state_dict["gauss_params.means"].shape[0]
+        for param in self.gauss_params.values():
+            param.data = param.data.new_zeros((n, *param.shape[1:]))
+        return torch.nn.Module.load_state_dict(self, state_dict, **kwargs)
+
+    def splats(self, crop_ids: Optional[Tensor] = None) -> Splats:
+        """The Gaussians, activated, optionally restricted to crop_ids."""
+        pick = (lambda t: t) if crop_ids is None else (lambda t: t[crop_ids])  # noqa: E731
+        colors = torch.cat([pick(self.features_dc)[:, None, :], pick(self.features_rest)], dim=1)  # [N, K, 3]
+        if self.config.sh_degree == 0:
+            colors = torch.sigmoid(colors[:, 0, :])  # [N, 3]
+        return Splats(
+            means=pick(self.means),
+            quats=pick(self.quats),
+            scales=torch.exp(pick(self.scales)),
+            opacities=torch.sigmoid(pick(self.opacities)).squeeze(-1),
+            colors=colors,
+        )
+
+    def get_outputs(self, camera: Cameras) -> Dict[str, Union[Tensor, List]]:
+        if not isinstance(camera, Cameras):
+            raise TypeError(f"ByteSplatModel renders Cameras, got {type(camera).__name__}.")
+        if self.training:
+            if camera.shape[0] != 1:
+                raise ValueError(f"Training renders one camera at a time, got {camera.shape[0]}.")
+            c2w = self.camera_optimizer.apply_to_camera(camera)[0]  # [3, 4]
+        else:
+            c2w = camera.camera_to_worlds[0]
+
+        crop_ids = None
+        if self.crop_box is not None and not self.training:
+            crop_ids = self.crop_box.within(self.means).squeeze()
+            if crop_ids.sum() == 0:
+                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+
+        downscale = self._get_downscale_factor()
+        camera.rescale_output_resolution(1 / downscale)
+        K = camera.get_intrinsics_matrices()[0].to(self.device)
+        width, height = int(camera.width.item()), int(camera.height.item())
+        camera.rescale_output_resolution(downscale)
+        self.last_size = (height, width)
+
+        background = self._get_background_color()
+        render_depth = self.config.output_depth_during_training or not self.training
+        sh_degree = min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+        opts = RasterizeOptions(
+            sh_degree=sh_degree if self.config.sh_degree > 0 else None,
+            background=background,
+            render_depth=render_depth,
+            absgrad=self.strategy.absgrad,
+            backend=self.config.renderer,
+        )
+        out = rasterize(self.splats(crop_ids), RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height), opts)
+        self.info = out.strategy_info()
+        if self.training:
+            self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+
+        rgb = torch.clamp(out.rgb, 0.0, 1.0)
+        if self.config.use_bilateral_grid and self.training and camera.metadata and "cam_idx" in camera.metadata:
+            rgb = self._apply_bilateral_grid(rgb[None], camera.metadata["cam_idx"], height, width)[0]
+        depth = None
+        if out.depth is not None:
+            depth = torch.where(out.alpha > 0, out.depth, out.depth.detach().max())
+        if not self.training:
+            background = background.expand(height, width, 3)
+        return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
+
+    def get_image_metrics_and_images(self, outputs, batch):
+        gt = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
+        pred = outputs["rgb"]
+        gt_chw, pred_chw = gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None]
+        metrics = {"psnr": float(self.psnr(gt_chw, pred_chw).item()), "ssim": float(self.ssim(gt_chw, pred_chw))}
+        if self.lpips is not None:
+            metrics["lpips"] = float(self.lpips(gt_chw, pred_chw))
+        return metrics, {"img": torch.cat([gt, pred], dim=1)}

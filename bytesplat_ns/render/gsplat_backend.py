@@ -1,0 +1,45 @@
+"""gsplat 1.4.0's `rasterization()`, called as splatfacto calls it (classic mode, unpacked)."""
+
+from __future__ import annotations
+
+from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
+
+
+def rasterize_gsplat(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
+    from gsplat.rendering import rasterization
+
+    render, alpha, info = rasterization(
+        means=splats.means,
+        quats=splats.quats,
+        scales=splats.scales,
+        opacities=splats.opacities,
+        colors=splats.colors,
+        viewmats=camera.viewmat[None],  # [1, 4, 4]
+        Ks=camera.K[None],  # [1, 3, 3]
+        width=camera.width,
+        height=camera.height,
+        near_plane=opts.near_plane,
+        far_plane=opts.far_plane,
+        eps2d=opts.eps2d,
+        tile_size=opts.tile_size,
+        sh_degree=opts.sh_degree,
+        packed=False,
+        absgrad=opts.absgrad,
+        sparse_grad=False,
+        rasterize_mode="classic",
+        render_mode="RGB+ED" if opts.render_depth else "RGB",
+    )
+    render, alpha = render[0], alpha[0]  # [H, W, D], [H, W, 1]
+    rgb = render[..., :3]
+    if opts.background is not None:
+        rgb = rgb + (1.0 - alpha) * opts.background
+    return RenderOutputs(
+        rgb=rgb,
+        alpha=alpha,
+        depth=render[..., 3:4] if opts.render_depth else None,
+        means2d=info["means2d"],
+        radii=info["radii"],
+        width=camera.width,
+        height=camera.height,
+        backend="gsplat",
+    )

@@ -1,0 +1,70 @@
+"""The one entry point: `rasterize(splats, camera, opts)`, with interchangeable backends."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from bytesplat_ns.render.gsplat_backend import rasterize_gsplat
+from bytesplat_ns.render.torch_backend import rasterize_torch
+from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
+
+BACKENDS = {"torch": rasterize_torch, "gsplat": rasterize_gsplat}
+
+
+def rasterize(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
+    """Render one camera. Every backend returns the same outputs for the same inputs (see tests)."""
+    backend = resolve_backend(opts.backend, splats.means.device)
+    _check_inputs(splats, camera, opts, backend)
+    return BACKENDS[backend](splats, camera, opts)
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """Map "auto" to the best backend available on `device`; fail loudly when a named one cannot run there."""
+    if name == "auto":
+        return "gsplat" if device.type == "cuda" and gsplat_available() else "torch"
+    if name not in BACKENDS:
+        raise ValueError(f"Unknown renderer {name!r}; choose one of: auto, {', '.join(BACKENDS)}.")
+    if name == "gsplat" and device.type != "cuda":
+        raise RuntimeError(
+            f"The gsplat renderer needs CUDA tensors, got {device}. Use --pipeline.model.renderer torch (or auto) on CPU."
+        )
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def gsplat_available() -> bool:
+    """True when gsplat's CUDA module loads (it may JIT-build on first use)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from gsplat.cuda._backend import _C
+    except ImportError:
+        return False
+    return _C is not None
+
+
+def _check_inputs(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, backend: str) -> None:
+    n = splats.count
+    expect = {
+        "means": (splats.means, (n, 3)),
+        "quats": (splats.quats, (n, 4)),
+        "scales": (splats.scales, (n, 3)),
+        "opacities": (splats.opacities, (n,)),
+        "viewmat": (camera.viewmat, (4, 4)),
+        "K": (camera.K, (3, 3)),
+    }
+    for name, (tensor, shape) in expect.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"rasterize(): {name} has shape {tuple(tensor.shape)}, expected {shape}.")
+        if tensor.device != splats.means.device:
+            raise ValueError(f"rasterize(): {name} is on {tensor.device}, means on {splats.means.device}; move both.")
+    if opts.sh_degree is None and tuple(splats.colors.shape) != (n, 3):
+        raise ValueError(f"rasterize(): RGB colors need shape ({n}, 3), got {tuple(splats.colors.shape)}.")
+    if opts.sh_degree is not None and (splats.colors.dim() != 3 or splats.colors.shape[0] != n):
+        raise ValueError(f"rasterize(): SH colors need shape ({n}, K, 3), got {tuple(splats.colors.shape)}.")
+    if camera.width <= 0 or camera.height <= 0:
+        raise ValueError(f"rasterize(): image size {camera.width}x{camera.height} is empty.")
+    if backend == "gsplat" and splats.means.dtype != torch.float32:
+        raise ValueError(f"The gsplat renderer takes float32, got {splats.means.dtype}; use the torch renderer.")

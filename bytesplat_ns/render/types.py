@@ -1,0 +1,81 @@
+"""Data passed into and out of `rasterize()`: splats, one camera, options, outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Literal, Optional
+
+from torch import Tensor
+
+Backend = Literal["auto", "torch", "gsplat"]
+"""Renderer backends. `auto` picks the fastest one available for the tensors' device."""
+
+
+@dataclass
+class Splats:
+    """Activated splat attributes, as the rasterizer consumes them."""
+
+    means: Tensor  # [N, 3] world-space centres
+    quats: Tensor  # [N, 4] rotations (w, x, y, z); normalised inside the renderer
+    scales: Tensor  # [N, 3] standard deviations along the rotated axes (already exp()'d)
+    opacities: Tensor  # [N] in [0, 1] (already sigmoid()'d)
+    colors: Tensor  # [N, K, 3] SH coefficients when RasterizeOptions.sh_degree is set, else [N, 3] RGB
+
+    @property
+    def count(self) -> int:
+        return self.means.shape[0]
+
+
+@dataclass
+class RasterCamera:
+    """One pinhole camera in OpenCV axes (x right, y down, z forward), as gsplat uses them."""
+
+    viewmat: Tensor  # [4, 4] world-to-camera
+    K: Tensor  # [3, 3] intrinsics in pixels
+    width: int
+    height: int
+
+
+@dataclass
+class RasterizeOptions:
+    """How to render. Defaults follow splatfacto's call of gsplat's `rasterization()`."""
+
+    sh_degree: Optional[int] = 3
+    """SH degree to evaluate (may be below the coefficients' degree); None: `colors` are RGB already."""
+    background: Optional[Tensor] = None  # [3]
+    """Colour behind the splats; None leaves the image premultiplied (black)."""
+    render_depth: bool = False
+    """Also render expected depth (gsplat's "RGB+ED")."""
+    absgrad: bool = True
+    """After backward, `means2d.absgrad` holds the per-pixel absolute 2D-mean gradients, summed."""
+    near_plane: float = 0.01
+    far_plane: float = 1e10
+    eps2d: float = 0.3
+    """Screen-space blur added to each 2D covariance's diagonal, in pixels squared."""
+    tile_size: int = 16
+    backend: Backend = "auto"
+
+
+@dataclass
+class RenderOutputs:
+    """What a backend returns for one camera."""
+
+    rgb: Tensor  # [H, W, 3] colour composited over the background (not clamped)
+    alpha: Tensor  # [H, W, 1] accumulated opacity, 1 - final transmittance
+    depth: Optional[Tensor]  # [H, W, 1] expected depth, or None
+    means2d: Tensor  # [1, N, 2] projected centres in pixels; densification reads .grad / .absgrad
+    radii: Tensor  # [1, N] int32 screen radius in pixels, 0 for culled splats
+    width: int
+    height: int
+    backend: str = field(default="torch")
+
+    def strategy_info(self) -> Dict[str, object]:
+        """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera)."""
+        return {
+            "means2d": self.means2d,
+            "radii": self.radii,
+            "width": self.width,
+            "height": self.height,
+            "n_cameras": 1,
+            "gaussian_ids": None,  # unpacked
+        }

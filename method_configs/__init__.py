@@ -1,0 +1,65 @@
+"""ByteSplat's method specifications: the only place that composes TrainerConfigs.
+
+Installed as the package `bytesplat_method_configs` (see pyproject.toml), so it cannot collide with
+another plugin's top-level `method_configs`. Registered through the `nerfstudio.method_configs` entry point.
+"""
+
+from __future__ import annotations
+
+from nerfstudio.configs.base_config import ViewerConfig
+from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+from nerfstudio.engine.optimizers import AdamOptimizerConfig
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
+from nerfstudio.plugins.types import MethodSpecification
+
+from bytesplat_ns.model import ByteSplatModelConfig
+from bytesplat_ns.trainer import ByteSplatTrainerConfig
+
+
+def _adam(lr: float, decay_to: float | None = None, max_steps: int = 30000, warmup: int = 0) -> dict:
+    scheduler = None
+    if decay_to is not None:
+        scheduler = ExponentialDecaySchedulerConfig(
+            lr_final=decay_to, max_steps=max_steps, warmup_steps=warmup, lr_pre_warmup=0 if warmup else 1e-8
+        )
+    return {"optimizer": AdamOptimizerConfig(lr=lr, eps=1e-15), "scheduler": scheduler}
+
+
+def splatfacto_optimizers() -> dict:
+    """Splatfacto's (nerfstudio 1.1.5) learning rates and schedules, one entry per model param group."""
+    return {
+        "means": _adam(1.6e-4, decay_to=1.6e-6),
+        "features_dc": _adam(0.0025),
+        "features_rest": _adam(0.0025 / 20),
+        "opacities": _adam(0.05),
+        "scales": _adam(0.005),
+        "quats": _adam(0.001),
+        "camera_opt": _adam(1e-4, decay_to=5e-7, warmup=1000),
+        "bilateral_grid": _adam(2e-3, decay_to=1e-4, warmup=1000),
+    }
+
+
+bytesplat = MethodSpecification(
+    config=ByteSplatTrainerConfig(
+        method_name="bytesplat",
+        steps_per_eval_image=100,
+        steps_per_eval_batch=0,
+        steps_per_save=2000,
+        steps_per_eval_all_images=1000,
+        max_num_iterations=30000,
+        mixed_precision=False,
+        pipeline=VanillaPipelineConfig(
+            datamanager=FullImageDatamanagerConfig(
+                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+                cache_images_type="uint8",
+            ),
+            model=ByteSplatModelConfig(),
+        ),
+        optimizers=splatfacto_optimizers(),
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        vis="viewer",
+    ),
+    description="ByteSplat Gaussian Splatting: splatfacto's recipe with interchangeable renderers (torch reference, gsplat).",
+)

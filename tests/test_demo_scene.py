@@ -1,0 +1,117 @@
+"""Tests for the procedural demo scene (bytesplat_ns.demo_scene); small sizes, CPU only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene, main
+
+WIDTH = 32
+HEIGHT = 24  # deliberately not equal to WIDTH
+NUM_TRAIN = 6
+NUM_EVAL = 2
+NUM_POINTS = 300
+TINY = DemoSceneConfig(width=WIDTH, height=HEIGHT, num_train=NUM_TRAIN, num_eval=NUM_EVAL, num_points=NUM_POINTS)
+SPLITS = ("train", "val", "test")
+
+
+@pytest.fixture(scope="module")
+def scene_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_demo_scene(tmp_path_factory.mktemp("demo") / "scene", TINY)
+
+
+def _all_files(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _parse(scene_dir: Path, split: str):
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    config = NerfstudioDataParserConfig(data=scene_dir, load_3D_points=True)
+    return config.setup().get_dataparser_outputs(split)
+
+
+def test_layout(scene_dir: Path) -> None:
+    meta = json.loads((scene_dir / "transforms.json").read_text())
+    assert meta["camera_model"] == "OPENCV"
+    assert (meta["w"], meta["h"]) == (WIDTH, HEIGHT)
+    assert (meta["cx"], meta["cy"]) == (WIDTH / 2, HEIGHT / 2)
+    assert len(meta["frames"]) == NUM_TRAIN + NUM_EVAL
+    assert len(meta["train_filenames"]) == NUM_TRAIN
+    assert meta["val_filenames"] == meta["test_filenames"]
+    assert len(meta["val_filenames"]) == NUM_EVAL
+    assert (scene_dir / meta["ply_file_path"]).is_file()
+    for frame in meta["frames"]:
+        assert (scene_dir / frame["file_path"]).is_file()
+        c2w = np.array(frame["transform_matrix"])
+        assert c2w.shape == (4, 4)
+        np.testing.assert_allclose(c2w[:3, :3] @ c2w[:3, :3].T, np.eye(3), atol=1e-9)
+        np.testing.assert_allclose(c2w[3], [0.0, 0.0, 0.0, 1.0])
+
+
+def test_deterministic(scene_dir: Path, tmp_path: Path) -> None:
+    again = _all_files(generate_demo_scene(tmp_path / "again", TINY))
+    assert again == _all_files(scene_dir)
+    other_seed = dataclasses.replace(TINY, seed=TINY.seed + 1)
+    different = _all_files(generate_demo_scene(tmp_path / "other", other_seed))
+    assert different["transforms.json"] != again["transforms.json"]
+
+
+def test_images_are_rgba_with_coverage(scene_dir: Path) -> None:
+    for path in sorted((scene_dir / "images").glob("*.png")):
+        image = Image.open(path)
+        assert image.mode == "RGBA"
+        assert image.size == (WIDTH, HEIGHT)
+        alpha = np.asarray(image)[..., 3]  # [H, W]
+        assert (alpha == 0).any(), f"{path.name} has no transparent background"
+        assert (alpha == 255).any(), f"{path.name} has no opaque object pixels"
+
+
+def test_nerfstudio_loads_splits(scene_dir: Path) -> None:
+    outputs = {split: _parse(scene_dir, split) for split in SPLITS}
+    expected = {"train": NUM_TRAIN, "val": NUM_EVAL, "test": NUM_EVAL}
+    for split, out in outputs.items():
+        assert len(out.image_filenames) == expected[split]
+        assert out.cameras.shape == (expected[split],)
+        assert (out.cameras.width == WIDTH).all() and (out.cameras.height == HEIGHT).all()
+        for filename in out.image_filenames:
+            assert Image.open(filename).size == (WIDTH, HEIGHT)
+    train_files = set(outputs["train"].image_filenames)
+    eval_files = set(outputs["val"].image_filenames)
+    assert eval_files == set(outputs["test"].image_filenames)
+    assert not train_files & eval_files
+    # Held-out cameras must not sit where a training camera is.
+    train_origins = outputs["train"].cameras.camera_to_worlds[:, :3, 3]  # [T, 3]
+    eval_origins = outputs["val"].cameras.camera_to_worlds[:, :3, 3]  # [E, 3]
+    assert float((eval_origins[:, None] - train_origins[None]).norm(dim=-1).min()) > 1e-3
+
+
+def test_point_cloud(scene_dir: Path) -> None:
+    out = _parse(scene_dir, "train")
+    xyz, rgb = out.metadata["points3D_xyz"], out.metadata["points3D_rgb"]
+    assert tuple(xyz.shape) == (NUM_POINTS, 3)
+    assert tuple(rgb.shape) == (NUM_POINTS, 3)
+    assert str(rgb.dtype) == "torch.uint8"
+    assert int(rgb.max()) > 0, "point colours are all black"
+    assert int(rgb.min()) < 255, "point colours are all white"
+    aabb = out.scene_box.aabb  # [2, 3]
+    assert bool(((xyz >= aabb[0]) & (xyz <= aabb[1])).all()), "points fall outside the scene box"
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "cli"
+    main(["--output", str(out), "--width", "20", "--height", "16", "--num-train", "3", "--num-eval", "1"])
+    meta = json.loads((out / "transforms.json").read_text())
+    assert (meta["w"], meta["h"], len(meta["frames"])) == (20, 16, 4)
+    assert str(out.resolve()) in capsys.readouterr().out
+
+
+def test_rejects_empty_config(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        generate_demo_scene(tmp_path / "bad", DemoSceneConfig(num_eval=0))
