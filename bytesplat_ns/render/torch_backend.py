@@ -93,20 +93,20 @@ def composite(
             colors.append(feat_p.new_zeros(c, p, d))
             alphas.append(feat_p.new_zeros(c, p, 1))
             continue
-        mean = means_p[ids].unsqueeze(1).expand(c, p, k, 2)  # [C, P, K, 2]
-        if absgrad is not None and mean.requires_grad:
-            mean.register_hook(_absgrad_hook(absgrad, ids))
-        delta = mean - pixels[:, :, None, :]  # [C, P, K, 2]
+        mean = means_p[ids]  # [C, K, 2]
+        dx = mean[:, None, :, 0] - pixels[:, :, None, 0]  # [C, P, K] per-pixel offsets: their gradients are
+        dy = mean[:, None, :, 1] - pixels[:, :, None, 1]  # the per-pixel 2D-mean gradients (absgrad sums |.|)
+        if absgrad is not None and dx.requires_grad:
+            dx.register_hook(_absgrad_hook(absgrad, ids, 0))
+            dy.register_hook(_absgrad_hook(absgrad, ids, 1))
         con = conics_p[ids][:, None]  # [C, 1, K, 3]
-        sigma = 0.5 * (con[..., 0] * delta[..., 0] ** 2 + con[..., 2] * delta[..., 1] ** 2) + (
-            con[..., 1] * delta[..., 0] * delta[..., 1]
-        )  # [C, P, K]
+        sigma = 0.5 * (con[..., 0] * dx * dx + con[..., 2] * dy * dy) + con[..., 1] * dx * dy  # [C, P, K]
         alpha = torch.clamp_max(opac_p[ids][:, None] * torch.exp(-sigma), ALPHA_MAX)
-        alpha = torch.where((sigma >= 0) & (alpha >= ALPHA_MIN), alpha, torch.zeros_like(alpha))
+        alpha = alpha * ((sigma >= 0) & (alpha >= ALPHA_MIN))
         transmit = torch.cumprod(1.0 - alpha, dim=-1)  # [C, P, K] transmittance after each splat
         # A pixel stops before the splat that would take it to TRANSMITTANCE_MIN; transmittance only falls,
         # so the splats kept form a prefix of the depth-ordered list.
-        alpha = torch.where(transmit > TRANSMITTANCE_MIN, alpha, torch.zeros_like(alpha))
+        alpha = alpha * (transmit > TRANSMITTANCE_MIN)
         before = torch.cat([torch.ones_like(transmit[..., :1]), transmit[..., :-1]], dim=-1)
         weights = alpha * before  # [C, P, K]
         colors.append(torch.einsum("cpk,ckd->cpd", weights, feat_p[ids]))
@@ -128,11 +128,11 @@ def _chunks(by_count: Tensor, counts: Tensor, pixels_per_tile: int):
             start = end
 
 
-def _absgrad_hook(absgrad: Tensor, ids: Tensor):
-    """Sums |d loss / d mean2d| per pixel into absgrad, as gsplat's backward does with absgrad=True."""
+def _absgrad_hook(absgrad: Tensor, ids: Tensor, axis: int):
+    """Sums |d loss / d mean2d[axis]| over pixels into absgrad, as gsplat's backward does with absgrad=True."""
 
-    def hook(grad: Tensor) -> None:  # grad: [C, P, K, 2]
-        absgrad.index_add_(0, ids.reshape(-1), grad.abs().sum(dim=1).reshape(-1, 2))
+    def hook(grad: Tensor) -> None:  # grad: [C, P, K]
+        absgrad[:, axis].index_add_(0, ids.reshape(-1), grad.abs().sum(dim=1).reshape(-1))
 
     return hook
 
