@@ -71,7 +71,6 @@ def composite(
     absgrad: Tensor | None,  # [N + 1, 2] accumulator, or None
 ) -> tuple[Tensor, Tensor]:
     """Front-to-back alpha compositing per tile. Returns image [H, W, D] and alpha [H, W, 1]."""
-    d = features.shape[1]
     pad = lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])])  # noqa: E731  row N: a splat of opacity 0
     means_p, conics_p, opac_p, feat_p = pad(means2d), pad(proj.conics), pad(opacities), pad(features)
 
@@ -88,11 +87,6 @@ def composite(
         k = int(bins.counts[tiles[-1]])
         ids = bins.tile_splats[tiles, :k]  # [C, K]
         pixels = origins[tiles, None, :] + offsets  # [C, P, 2]
-        c, p = pixels.shape[:2]
-        if k == 0:
-            colors.append(feat_p.new_zeros(c, p, d))
-            alphas.append(feat_p.new_zeros(c, p, 1))
-            continue
         mean = means_p[ids]  # [C, K, 2]
         dx = mean[:, None, :, 0] - pixels[:, :, None, 0]  # [C, P, K] per-pixel offsets: their gradients are
         dy = mean[:, None, :, 1] - pixels[:, :, None, 1]  # the per-pixel 2D-mean gradients (absgrad sums |.|)
