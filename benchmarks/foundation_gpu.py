@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import bytesplat_ns  # noqa: F401  (lets torch.load read nerfstudio checkpoints)
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from nerfstudio.configs.base_config import ViewerConfig
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
-from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
 
+from bytesplat_ns.dataparser import ByteSplatDataParserConfig
 from bytesplat_ns.model import ByteSplatModelConfig
 from bytesplat_ns.trainer import ByteSplatTrainerConfig
 
@@ -52,7 +52,7 @@ bytesplat = MethodSpecification(
         mixed_precision=False,
         pipeline=VanillaPipelineConfig(
             datamanager=FullImageDatamanagerConfig(
-                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+                dataparser=ByteSplatDataParserConfig(),  # nerfstudio-data; its PLY read without open3d
                 cache_images_type="uint8",
             ),
             model=ByteSplatModelConfig(),
