@@ -16,4 +16,6 @@ def allow_numpy_scalars_in_checkpoints() -> None:
     numpy2 = int(np.__version__.split(".")[0]) >= 2  # numpy 2 renamed numpy.core to numpy._core
     multiarray = importlib.import_module("numpy._core.multiarray" if numpy2 else "numpy.core.multiarray")
     dtype_classes = [type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)]
-    torch.serialization.add_safe_globals([multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype, *dtype_classes])
+    torch.serialization.add_safe_globals(
+        [multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype, *dtype_classes]
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Type
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from plyfile import PlyData
 class ByteSplatDataParserConfig(NerfstudioDataParserConfig):
     """nerfstudio-data with the sparse point cloud loaded (splat initialisation) through plyfile."""
 
-    _target: Type = field(default_factory=lambda: ByteSplatDataParser)
+    _target: type = field(default_factory=lambda: ByteSplatDataParser)
     load_3D_points: bool = True
     """Whether to load the 3D points from the PLY named by transforms.json's ply_file_path."""
 
@@ -31,7 +30,7 @@ class ByteSplatDataParser(Nerfstudio):
 
     def _load_3D_points(
         self, ply_file_path: Path, transform_matrix: torch.Tensor, scale_factor: float
-    ) -> Optional[Dict[str, torch.Tensor]]:
+    ) -> dict[str, torch.Tensor] | None:
         vertices = PlyData.read(str(ply_file_path))["vertex"]
         if vertices.count == 0:
             return None

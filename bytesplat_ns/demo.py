@@ -84,7 +84,9 @@ def render_video(config: Path, output: Path, frames_per_transition: int = 6) -> 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path("demo-output"), help="where everything is written")
-    parser.add_argument("--steps", type=int, default=None, help=f"training steps (default {CPU_STEPS} CPU, {GPU_STEPS} GPU)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"training steps (default {CPU_STEPS} CPU, {GPU_STEPS} GPU)"
+    )
     args = parser.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

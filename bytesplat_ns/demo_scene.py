@@ -33,9 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -61,7 +61,7 @@ class DemoSceneConfig:
 
 # Primitives, world units, +Z up: ("box", min corner, max corner) or ("sphere", centre, radius).
 # The index into this list is the object id used by the texture and material tables below.
-PRIMITIVES: List[Tuple[str, np.ndarray, object]] = [
+PRIMITIVES: list[tuple[str, np.ndarray, object]] = [
     ("box", np.array([-0.9, -0.9, -0.25]), np.array([0.9, 0.9, 0.0])),  # 0: plinth
     ("box", np.array([0.15, 0.1, 0.0]), np.array([0.7, 0.65, 0.55])),  # 1: cube
     ("sphere", np.array([-0.35, -0.25, 0.45]), 0.45),  # 2: striped sphere
@@ -87,7 +87,7 @@ POINT_NOISE = 0.005  # std-dev of the point-cloud position noise, world units
 EPS = 1e-4
 
 
-def _intersect(origins: np.ndarray, dirs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _intersect(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest hit of rays [N, 3] (unit dirs [N, 3]): distance [N] (inf = miss), object id [N] (-1 = miss)."""
     best_t = np.full(len(origins), np.inf)
     best_id = np.full(len(origins), -1)
@@ -161,7 +161,7 @@ def _albedo(points: np.ndarray, normals: np.ndarray, obj: np.ndarray) -> np.ndar
     return albedo
 
 
-def _shade(origins: np.ndarray, dirs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _shade(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Trace rays [N, 3]: gamma-encoded colour [N, 3] in [0, 1], hit mask [N], hit points [N, 3]."""
     t, obj = _intersect(origins, dirs)
     hit = obj >= 0
@@ -182,7 +182,7 @@ def _shade(origins: np.ndarray, dirs: np.ndarray) -> Tuple[np.ndarray, np.ndarra
     return rgb, hit, points
 
 
-def _camera_poses(config: DemoSceneConfig, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+def _camera_poses(config: DemoSceneConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Camera-to-world matrices [N, 4, 4] on a jittered Fibonacci spiral, and held-out flags [N]."""
     total = config.num_train + config.num_eval
     index = np.arange(total)
@@ -288,7 +288,7 @@ def generate_demo_scene(output_dir: Path, config: DemoSceneConfig = DemoSceneCon
     return output_dir
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Command line entry point: generate the demo scene into a folder."""
     defaults = DemoSceneConfig()
     parser = argparse.ArgumentParser(description="Render bytesplat's procedural demo scene (nerfstudio-data format).")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import torch
 from nerfstudio.utils.rich_utils import CONSOLE
@@ -15,7 +14,7 @@ def alexnet_weights_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(AlexNet_Weights.IMAGENET1K_V1.url).name
 
 
-def lpips_if_weights_on_disk() -> Optional[torch.nn.Module]:
+def lpips_if_weights_on_disk() -> torch.nn.Module | None:
     """torchmetrics' LPIPS (AlexNet) when its weights need no download; otherwise None, said once."""
     path = alexnet_weights_path()
     if not path.exists():

@@ -8,9 +8,9 @@ nothing is compiled or downloaded on construction, and checkpoints resume into t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Type, Union
 
 import torch
+from gsplat.strategy import DefaultStrategy
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.models.splatfacto import (
     RGB2SH,
@@ -19,7 +19,6 @@ from nerfstudio.models.splatfacto import (
     num_sh_bases,
     random_quat_tensor,
 )
-from gsplat.strategy import DefaultStrategy
 from pytorch_msssim import SSIM
 from torch import Tensor
 
@@ -33,7 +32,7 @@ GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "
 class ByteSplatModelConfig(SplatfactoModelConfig):
     """Splatfacto's options plus the choice of renderer."""
 
-    _target: Type = field(default_factory=lambda: ByteSplatModel)
+    _target: type = field(default_factory=lambda: ByteSplatModel)
     renderer: Backend = "auto"
     """Rasterizer backend: torch (pure-PyTorch reference, any device), gsplat (CUDA), or auto (best available)."""
 
@@ -90,7 +89,7 @@ class ByteSplatModel(SplatfactoModel):
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
-    def _initial_gaussians(self) -> Dict[str, torch.nn.Parameter]:
+    def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation (seed points or a random cube), built on the CPU."""
         cfg = self.config
         seeded = self.seed_points is not None and not cfg.random_init
@@ -126,7 +125,7 @@ class ByteSplatModel(SplatfactoModel):
             param.data = param.data.new_zeros((n, *param.shape[1:]))
         return torch.nn.Module.load_state_dict(self, state_dict, **kwargs)
 
-    def splats(self, crop_ids: Optional[Tensor] = None) -> Splats:
+    def splats(self, crop_ids: Tensor | None = None) -> Splats:
         """The Gaussians, activated, optionally restricted to crop_ids."""
         pick = (lambda t: t) if crop_ids is None else (lambda t: t[crop_ids])  # noqa: E731
         colors = torch.cat([pick(self.features_dc)[:, None, :], pick(self.features_rest)], dim=1)  # [N, K, 3]
@@ -140,7 +139,7 @@ class ByteSplatModel(SplatfactoModel):
             colors=colors,
         )
 
-    def get_outputs(self, camera: Cameras) -> Dict[str, Union[Tensor, List]]:
+    def get_outputs(self, camera: Cameras) -> dict[str, Tensor | list]:
         if not isinstance(camera, Cameras):
             raise TypeError(f"ByteSplatModel renders Cameras, got {type(camera).__name__}.")
         if self.training:
@@ -154,7 +153,9 @@ class ByteSplatModel(SplatfactoModel):
         if self.crop_box is not None and not self.training:
             crop_ids = self.crop_box.within(self.means).squeeze()
             if crop_ids.sum() == 0:
-                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+                return self.get_empty_outputs(
+                    int(camera.width.item()), int(camera.height.item()), self.background_color
+                )
 
         downscale = self._get_downscale_factor()
         camera.rescale_output_resolution(1 / downscale)
@@ -176,7 +177,9 @@ class ByteSplatModel(SplatfactoModel):
         out = rasterize(self.splats(crop_ids), RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height), opts)
         self.info = out.strategy_info()
         if self.training:
-            self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+            self.strategy.step_pre_backward(
+                self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info
+            )
 
         rgb = torch.clamp(out.rgb, 0.0, 1.0)
         if self.config.use_bilateral_grid and self.training and camera.metadata and "cam_idx" in camera.metadata:

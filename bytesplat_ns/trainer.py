@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Type
 
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils.rich_utils import CONSOLE
@@ -11,7 +10,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 @dataclass
 class ByteSplatTrainerConfig(TrainerConfig):
-    _target: Type = field(default_factory=lambda: Trainer)
+    _target: type = field(default_factory=lambda: Trainer)
 
     def __post_init__(self) -> None:
         devices = self.machine.num_devices * self.machine.num_machines

@@ -61,5 +61,5 @@ bytesplat = MethodSpecification(
         viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
         vis="viewer",
     ),
-    description="ByteSplat Gaussian Splatting: splatfacto's recipe with interchangeable renderers (torch reference, gsplat).",
+    description="ByteSplat Gaussian Splatting: splatfacto's recipe, renderers torch (reference) or gsplat.",
 )

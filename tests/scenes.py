@@ -8,8 +8,8 @@ and world-to-camera view matrices, as `RasterCamera` expects.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -29,7 +29,7 @@ def rotation(axis: Sequence[float], angle: float) -> Tensor:
     return torch.eye(3, dtype=torch.float64) + math.sin(angle) * cross + (1.0 - math.cos(angle)) * cross @ cross
 
 
-def viewmat(cam_to_world_rot: Optional[Tensor] = None, cam_pos: Sequence[float] = (0.0, 0.0, 0.0)) -> Tensor:
+def viewmat(cam_to_world_rot: Tensor | None = None, cam_pos: Sequence[float] = (0.0, 0.0, 0.0)) -> Tensor:
     """[4, 4] float64 world-to-camera matrix of a camera at `cam_pos` whose axes are the columns of
     `cam_to_world_rot` (identity: looking down world +z)."""
     rot = torch.eye(3, dtype=torch.float64) if cam_to_world_rot is None else cam_to_world_rot.to(torch.float64)
@@ -44,8 +44,8 @@ def camera(
     width: int,
     height: int,
     focal: float,
-    view: Optional[Tensor] = None,
-    principal: Optional[Sequence[float]] = None,
+    view: Tensor | None = None,
+    principal: Sequence[float] | None = None,
     dtype=torch.float64,
     device="cpu",
 ) -> RasterCamera:
@@ -87,7 +87,7 @@ def make_splats(
     scales: Tensor,
     opacities: Tensor,
     colors: Tensor,
-    quats: Optional[Tensor] = None,
+    quats: Tensor | None = None,
     dtype=torch.float64,
     device="cpu",
     requires_grad: bool = False,
@@ -108,7 +108,7 @@ class SceneSpec:
     """How `random_scene` draws splats. Sizes are in pixels on screen, so they mean the same at any depth."""
 
     count: int
-    sh_degree: Optional[int] = 3  # None: RGB colours [N, 3]
+    sh_degree: int | None = 3  # None: RGB colours [N, 3]
     depth_range: tuple = (2.0, 8.0)
     pixel_margin: float = 0.0
     """Centres are drawn over the image grown by this many pixels on every side."""

@@ -267,9 +267,7 @@ def test_two_splats_composite_nearer_first(red_is_nearer: bool, red_listed_first
     bg = np.array(BACKGROUND)
     for dx, dy in [(0, 0), (1, 2), (-3, 0)]:
         g = math.exp(-0.5 * (dx * dx + dy * dy) / var)
-        (a1, c1, z1), (a2, c2, z2) = sorted(
-            [(o_red * g, red, z_red), (o_blue * g, blue, z_blue)], key=lambda t: t[2]
-        )
+        (a1, c1, z1), (a2, c2, z2) = sorted([(o_red * g, red, z_red), (o_blue * g, blue, z_blue)], key=lambda t: t[2])
         expected = a1 * c1 + (1 - a1) * a2 * c2 + (1 - a1) * (1 - a2) * bg
         alpha = 1 - (1 - a1) * (1 - a2)
         depth = (a1 * z1 + (1 - a1) * a2 * z2) / alpha

@@ -3,4 +3,13 @@
 from bytesplat_ns.render.rasterize import BACKENDS, rasterize, resolve_backend
 from bytesplat_ns.render.types import Backend, RasterCamera, RasterizeOptions, RenderOutputs, Splats
 
-__all__ = ["BACKENDS", "Backend", "RasterCamera", "RasterizeOptions", "RenderOutputs", "Splats", "rasterize", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "RasterCamera",
+    "RasterizeOptions",
+    "RenderOutputs",
+    "Splats",
+    "rasterize",
+    "resolve_backend",
+]

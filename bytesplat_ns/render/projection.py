@@ -51,9 +51,9 @@ def project(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> Pro
     tx = z * torch.clamp(x / z, min=-(cx / fx + 0.3 * tan_fovx), max=(camera.width - cx) / fx + 0.3 * tan_fovx)
     ty = z * torch.clamp(y / z, min=-(cy / fy + 0.3 * tan_fovy), max=(camera.height - cy) / fy + 0.3 * tan_fovy)
     zeros = torch.zeros_like(z)
-    jac = torch.stack(
-        [fx / z, zeros, -fx * tx / (z * z), zeros, fy / z, -fy * ty / (z * z)], dim=-1
-    ).reshape(-1, 2, 3)  # [N, 2, 3]
+    jac = torch.stack([fx / z, zeros, -fx * tx / (z * z), zeros, fy / z, -fy * ty / (z * z)], dim=-1).reshape(
+        -1, 2, 3
+    )  # [N, 2, 3]
     cov2d = jac @ cov_c @ jac.transpose(1, 2)  # [N, 2, 2]
     means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)  # [N, 2]
 
@@ -70,9 +70,7 @@ def project(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> Pro
         v1 = half_trace + torch.sqrt(torch.clamp(half_trace * half_trace - det, min=0.01))
         radius = torch.ceil(3.0 * torch.sqrt(v1))
         mx, my = means2d.unbind(-1)
-        on_screen = (
-            (mx + radius > 0) & (mx - radius < camera.width) & (my + radius > 0) & (my - radius < camera.height)
-        )
+        on_screen = (mx + radius > 0) & (mx - radius < camera.width) & (my + radius > 0) & (my - radius < camera.height)
         radii = torch.where(ok & on_screen, radius, torch.zeros_like(radius)).to(torch.int32)
     return Projected(means2d=means2d, conics=conics, depths=means_c[:, 2], radii=radii)
 

@@ -28,12 +28,13 @@ def resolve_backend(name: str, device: torch.device) -> str:
         raise ValueError(f"Unknown renderer {name!r}; choose one of: auto, {', '.join(BACKENDS)}.")
     if name == "gsplat" and device.type != "cuda":
         raise RuntimeError(
-            f"The gsplat renderer needs CUDA tensors, got {device}. Use --pipeline.model.renderer torch (or auto) on CPU."
+            f"The gsplat renderer needs CUDA tensors, got {device}. "
+            "Use --pipeline.model.renderer torch (or auto) on CPU."
         )
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gsplat_available() -> bool:
     """True when gsplat's CUDA module loads (it may JIT-build on first use)."""
     if not torch.cuda.is_available():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Literal, Optional
+from typing import Literal
 
 from torch import Tensor
 
@@ -40,9 +40,9 @@ class RasterCamera:
 class RasterizeOptions:
     """How to render. Defaults follow splatfacto's call of gsplat's `rasterization()`."""
 
-    sh_degree: Optional[int] = 3
+    sh_degree: int | None = 3
     """SH degree to evaluate (may be below the coefficients' degree); None: `colors` are RGB already."""
-    background: Optional[Tensor] = None  # [3]
+    background: Tensor | None = None  # [3]
     """Colour behind the splats; None leaves the image premultiplied (black)."""
     render_depth: bool = False
     """Also render expected depth (gsplat's "RGB+ED")."""
@@ -62,14 +62,14 @@ class RenderOutputs:
 
     rgb: Tensor  # [H, W, 3] colour composited over the background (not clamped)
     alpha: Tensor  # [H, W, 1] accumulated opacity, 1 - final transmittance
-    depth: Optional[Tensor]  # [H, W, 1] expected depth, or None
+    depth: Tensor | None  # [H, W, 1] expected depth, or None
     means2d: Tensor  # [1, N, 2] projected centres in pixels; densification reads .grad / .absgrad
     radii: Tensor  # [1, N] int32 screen radius in pixels, 0 for culled splats
     width: int
     height: int
     backend: str = field(default="torch")
 
-    def strategy_info(self) -> Dict[str, object]:
+    def strategy_info(self) -> dict[str, object]:
         """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera)."""
         return {
             "means2d": self.means2d,
