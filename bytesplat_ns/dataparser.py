@@ -15,6 +15,8 @@ from nerfstudio.data.dataparsers.nerfstudio_dataparser import Nerfstudio, Nerfst
 from nerfstudio.plugins.registry_dataparser import DataParserSpecification
 from plyfile import PlyData
 
+from bytesplat_ns.input_checks import check_transforms_json
+
 
 @dataclass
 class ByteSplatDataParserConfig(NerfstudioDataParserConfig):
@@ -27,6 +29,10 @@ class ByteSplatDataParserConfig(NerfstudioDataParserConfig):
 
 class ByteSplatDataParser(Nerfstudio):
     config: ByteSplatDataParserConfig
+
+    def _generate_dataparser_outputs(self, split: str = "train", **kwargs):
+        check_transforms_json(self.config.data)  # a clear message instead of a traceback deep in the parser
+        return super()._generate_dataparser_outputs(split, **kwargs)
 
     def _load_3D_points(
         self, ply_file_path: Path, transform_matrix: torch.Tensor, scale_factor: float

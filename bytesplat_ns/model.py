@@ -8,9 +8,11 @@ nothing is compiled or downloaded on construction, and checkpoints resume into t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from gsplat.strategy import DefaultStrategy
+from gsplat.strategy.ops import remove
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.models.splatfacto import (
     RGB2SH,
@@ -24,6 +26,7 @@ from torch import Tensor
 
 from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
+from bytesplat_ns.splat_ply import read_splats
 
 GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -35,6 +38,18 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     _target: type = field(default_factory=lambda: ByteSplatModel)
     renderer: Backend = "auto"
     """Rasterizer backend: torch (pure-PyTorch reference, any device), gsplat (CUDA), or auto (best available)."""
+    max_splats: int = 0
+    """Cap on the splat count: after each refine the lowest-opacity splats beyond it are removed (0: no cap)."""
+    init_splats: Path | None = None
+    """Start from a splat PLY exported by ns-export gaussian-splat (same scene and dataparser) instead of points."""
+
+
+class SplatOutOfMemoryError(RuntimeError):
+    """The GPU ran out of memory while densifying; the trainer saves a checkpoint and says what to lower."""
+
+    def __init__(self, step: int, num_splats: int) -> None:
+        super().__init__(f"out of GPU memory while densifying at step {step} with {num_splats} splats")
+        self.step, self.num_splats = step, num_splats
 
 
 def viewmat_from_camera_to_world(c2w: Tensor) -> Tensor:
@@ -90,8 +105,14 @@ class ByteSplatModel(SplatfactoModel):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
     def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
-        """Splatfacto's initialisation (seed points or a random cube), built on the CPU."""
+        """Splatfacto's initialisation (seed points or a random cube), or an exported PLY; built on the CPU."""
         cfg = self.config
+        if cfg.init_splats is not None:
+            tensors = read_splats(cfg.init_splats)
+            k = num_sh_bases(cfg.sh_degree) - 1
+            rest = tensors["features_rest"][:, :k]
+            tensors["features_rest"] = torch.cat([rest, rest.new_zeros(rest.shape[0], k - rest.shape[1], 3)], dim=1)
+            return {name: torch.nn.Parameter(t.contiguous()) for name, t in tensors.items()}
         seeded = self.seed_points is not None and not cfg.random_init
         means = self.seed_points[0].float() if seeded else (torch.rand(cfg.num_random, 3) - 0.5) * cfg.random_scale
         distances, _ = self.k_nearest_sklearn(means, 3)
@@ -124,6 +145,26 @@ class ByteSplatModel(SplatfactoModel):
         for param in self.gauss_params.values():
             param.data = param.data.new_zeros((n, *param.shape[1:]))
         return torch.nn.Module.load_state_dict(self, state_dict, **kwargs)
+
+    def step_post_backward(self, step: int) -> None:
+        """Densify (gsplat's DefaultStrategy, as splatfacto), then keep the splat count under max_splats."""
+        try:
+            super().step_post_backward(step)
+            excess = self.num_points - self.config.max_splats
+            if self.config.max_splats > 0 and excess > 0:
+                weakest = torch.topk(self.opacities.detach().squeeze(-1), excess, largest=False).indices
+                mask = torch.zeros(self.num_points, dtype=torch.bool, device=self.means.device)
+                mask[weakest] = True
+                remove(self.gauss_params, self.optimizers, self.strategy_state, mask)
+        except torch.OutOfMemoryError as error:
+            raise SplatOutOfMemoryError(step, self.num_points) from error
+
+    def get_extra_state(self) -> dict:
+        """Densification statistics travel in checkpoints, so a resumed run densifies as the original would."""
+        return {k: v for k, v in self.strategy_state.items() if v is None or torch.is_tensor(v)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.strategy_state.update({k: v if v is None else v.to(self.device) for k, v in state.items()})
 
     def splats(self, crop_ids: Tensor | None = None) -> Splats:
         """The Gaussians, activated, optionally restricted to crop_ids."""

@@ -7,12 +7,12 @@ another plugin's top-level `method_configs`. Registered through the `nerfstudio.
 from __future__ import annotations
 
 from nerfstudio.configs.base_config import ViewerConfig
-from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
 
+from bytesplat_ns.datamanager import ByteSplatDatamanagerConfig
 from bytesplat_ns.dataparser import ByteSplatDataParserConfig
 from bytesplat_ns.model import ByteSplatModelConfig
 from bytesplat_ns.trainer import ByteSplatTrainerConfig
@@ -51,7 +51,7 @@ bytesplat = MethodSpecification(
         max_num_iterations=30000,
         mixed_precision=False,
         pipeline=VanillaPipelineConfig(
-            datamanager=FullImageDatamanagerConfig(
+            datamanager=ByteSplatDatamanagerConfig(
                 dataparser=ByteSplatDataParserConfig(),  # nerfstudio-data; its PLY read without open3d
                 cache_images_type="uint8",
             ),

@@ -1,0 +1,102 @@
+"""Faults during training: non-finite steps, out of memory while densifying, SIGTERM, interrupted writes."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from gsplat.strategy import DefaultStrategy
+
+from bytesplat_ns.demo import ns_tool
+from bytesplat_ns.model import ByteSplatModel
+from tests.trainer_setup import make_trainer, small_scene
+
+NAN_STEP = 15
+
+
+def test_nonfinite_step_is_skipped_and_state_restored(tmp_path, monkeypatch):
+    original = ByteSplatModel.get_loss_dict
+
+    def poisoned(self, outputs, batch, metrics_dict=None):
+        losses = original(self, outputs, batch, metrics_dict)
+        if self.step == NAN_STEP:
+            losses["main_loss"] = losses["main_loss"] * math.nan
+        return losses
+
+    monkeypatch.setattr(ByteSplatModel, "get_loss_dict", poisoned)
+    trainer = make_trainer(tmp_path, steps=30)
+    trainer.train()
+    assert len(trainer.guard.events) == 1
+    assert f"step {NAN_STEP}" in trainer.guard.events[0] and "restored the state of step 10" in trainer.guard.events[0]
+    for param in trainer.pipeline.model.gauss_params.values():
+        assert torch.isfinite(param).all()
+    assert (trainer.checkpoint_dir / f"step-{29:09d}.ckpt").exists()
+
+
+def test_out_of_memory_while_densifying_saves_and_names_the_cap(tmp_path, monkeypatch, capsys):
+    def out_of_memory(self, params, optimizers, state, step, info, packed=False):
+        if step == 12:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(DefaultStrategy, "step_post_backward", out_of_memory)
+    trainer = make_trainer(tmp_path, steps=30)
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.train()
+    assert exit_info.value.code == 2
+    printed = capsys.readouterr().out
+    assert "Out of GPU memory while densifying at step 12" in printed and "--pipeline.model.max-splats" in printed
+    assert (trainer.checkpoint_dir / f"step-{12:09d}.ckpt").exists()
+
+
+def test_max_splats_caps_densification(tmp_path):
+    cap = 200
+    trainer = make_trainer(tmp_path, steps=40, warmup_length=5, refine_every=10, max_splats=cap)
+    trainer.train()
+    assert trainer.pipeline.model.num_points <= cap
+
+
+def test_interrupted_checkpoint_write_keeps_the_good_one(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, steps=1)
+    trainer.save_checkpoint(5)
+    good = trainer.checkpoint_dir / f"step-{5:09d}.ckpt"
+    good_bytes = good.read_bytes()
+
+    def dies_midway(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(torch, "save", dies_midway)
+    with pytest.raises(OSError):
+        trainer.save_checkpoint(6)
+    assert good.read_bytes() == good_bytes
+    assert not (trainer.checkpoint_dir / f"step-{6:09d}.ckpt").exists()
+
+
+def test_sigterm_writes_a_final_checkpoint(tmp_path):
+    scene = small_scene(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [ns_tool("ns-train"), "bytesplat", "--data", str(scene), "--machine.device-type", "cpu",
+         "--max-num-iterations", "100000", "--output-dir", str(out), "--experiment-name", "term",
+         "--timestamp", "run", "--vis", "tensorboard", "--pipeline.model.num-downscales", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        lines.append(line)
+        if "Step (% Done)" in line or time.monotonic() > deadline:
+            break
+    time.sleep(3)  # a few steps in
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    printed = "".join(lines) + rest
+    assert proc.returncode == 0, printed[-3000:]
+    assert "SIGTERM: stopping after this step" in printed and "bytesplat summary" in printed
+    checkpoints = list((out / "term" / "bytesplat" / "run" / "nerfstudio_models").iterdir())
+    assert len(checkpoints) == 1 and checkpoints[0].suffix == ".ckpt", checkpoints
+    assert torch.load(checkpoints[0], map_location="cpu")["step"] < 100000
