@@ -24,6 +24,7 @@ from nerfstudio.models.splatfacto import (
 from pytorch_msssim import SSIM
 from torch import Tensor
 
+from bytesplat_ns import nerfstudio_patches
 from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
 from bytesplat_ns.splat_ply import read_splats
@@ -65,6 +66,7 @@ class ByteSplatModel(SplatfactoModel):
     config: ByteSplatModelConfig
 
     def populate_modules(self) -> None:
+        nerfstudio_patches.patch_loaded_exporter()  # ns-export: the vectorised PLY writer
         self.gauss_params = torch.nn.ParameterDict(self._initial_gaussians())
         self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
         from torchmetrics.image import PeakSignalNoiseRatio

@@ -18,8 +18,14 @@ def install() -> None:
     from nerfstudio.utils import install_checks
 
     install_checks.check_ffmpeg_installed = _check_ffmpeg_or_write_frames
-    exporter = sys.modules.get("nerfstudio.scripts.exporter")  # loaded only when ns-export runs
-    if exporter is not None:
+    patch_loaded_exporter()
+
+
+def patch_loaded_exporter() -> None:
+    """Patch ns-export's writer once its module has finished loading. ns-export imports plugins (so bytesplat)
+    halfway through loading itself, so this runs again when a ByteSplat model is built, before anything is written."""
+    exporter = sys.modules.get("nerfstudio.scripts.exporter")
+    if exporter is not None and hasattr(exporter, "ExportGaussianSplat"):
         patch_ply_writer(exporter)
 
 
@@ -29,7 +35,7 @@ def patch_ply_writer(exporter) -> None:
 
     cls = exporter.ExportGaussianSplat
     if not hasattr(cls, "nerfstudio_write_ply"):
-        cls.nerfstudio_write_ply = cls.write_ply
+        cls.nerfstudio_write_ply = staticmethod(cls.write_ply)
     cls.write_ply = staticmethod(write_ply)
 
 

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from plyfile import PlyData
 
+BLOCK_ROWS = 4096
+
 
 def write_ply(filename: str, count: int, map_to_tensors: OrderedDict[str, np.ndarray]) -> None:
     """Same file as nerfstudio's `ExportGaussianSplat.write_ply`, written as one interleaved array.
@@ -25,9 +27,7 @@ def write_ply(filename: str, count: int, map_to_tensors: OrderedDict[str, np.nda
     ):
         raise ValueError("All tensors must be numpy arrays of float or uint8 type and not empty")
     fields = [(name, "<f4" if t.dtype.kind == "f" else "u1") for name, t in map_to_tensors.items()]
-    rows = np.empty(count, dtype=np.dtype(fields))  # packed: no padding between fields
-    for name, tensor in map_to_tensors.items():
-        rows[name] = tensor.reshape(-1)
+    columns = [(name, t.reshape(-1)) for name, t in map_to_tensors.items()]
     header = [
         "ply",
         "format binary_little_endian 1.0",
@@ -37,9 +37,14 @@ def write_ply(filename: str, count: int, map_to_tensors: OrderedDict[str, np.nda
         *(f"property {'float' if kind == '<f4' else 'uchar'} {name}" for name, kind in fields),
         "end_header",
     ]
+    block = np.empty(min(count, BLOCK_ROWS), dtype=np.dtype(fields))  # packed rows, no padding between fields
     with open(filename, "wb") as f:
         f.write(("\n".join(header) + "\n").encode())
-        f.write(rows.tobytes())
+        for start in range(0, count, BLOCK_ROWS):  # cache-sized blocks: each field is filled while rows are hot
+            rows = block[: min(BLOCK_ROWS, count - start)]
+            for name, column in columns:
+                rows[name] = column[start : start + len(rows)]
+            f.write(rows.data)
 
 
 def read_splats(path: Path) -> dict[str, torch.Tensor]:

@@ -41,8 +41,9 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """Evaluate every held-out view when training ends, for the closing summary."""
 
     def __post_init__(self) -> None:
+        # Runs for every construction, defaults included: only values no default has are checked here.
         machine = self.machine
-        if machine.device_type == "cuda" and machine.num_devices > max(torch.cuda.device_count(), 0):
+        if machine.device_type == "cuda" and machine.num_devices > max(1, torch.cuda.device_count()):
             _exit(
                 f"--machine.num-devices {machine.num_devices} asks for more GPUs than this machine has "
                 f"({torch.cuda.device_count()}). Lower it, or use --machine.device-type cpu."
@@ -65,6 +66,8 @@ class ByteSplatTrainer(Trainer):
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         try:
+            if self.device.startswith("cuda") and not torch.cuda.is_available():
+                raise BadInputError("No CUDA GPU is visible. Train on the CPU with --machine.device-type cpu.")
             if test_mode != "inference":
                 check_data_path(
                     self.config.pipeline.datamanager.data or self.config.pipeline.datamanager.dataparser.data

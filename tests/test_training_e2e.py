@@ -35,8 +35,10 @@ def train_args(scene: Path, out: Path, timestamp: str, steps: int) -> list[str]:
 def run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("e2e")
     scene = generate_demo_scene(root / "scene", SCENE)
-    ns("ns-train", *train_args(scene, root / "out", "first", STEPS))
-    return root / "out" / "e2e" / "bytesplat" / "first"
+    proc = ns("ns-train", *train_args(scene, root / "out", "first", STEPS))
+    run_dir = root / "out" / "e2e" / "bytesplat" / "first"
+    (run_dir / "train.log").write_text(proc.stdout)
+    return run_dir
 
 
 def checkpoint(run_dir: Path, step: int) -> dict:
@@ -49,6 +51,14 @@ def test_loss_falls(run):
     assert len(losses) >= 10
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < 0.6 * first, losses
+
+
+def test_progress_shows_heldout_psnr_and_a_summary(run):
+    log = (run / "train.log").read_text()
+    assert "ETA" in log and "Test PSNR" in log
+    summary = log[log.index("bytesplat summary") :]
+    for line in ("Training time", "Splats", "Held-out PSNR", "Checkpoints", "config.yml"):
+        assert line in summary, summary
 
 
 def test_densification_ran(run):
@@ -79,6 +89,43 @@ def test_ns_export_gaussian_splat(run):
     assert 0 < vertices.count <= count  # the exporter drops non-finite splats only
     assert {"x", "f_dc_0", "opacity", "scale_0", "rot_0"} <= set(vertices.data.dtype.names)
 
+    # the exported PLY initialises a new training: same splats before the first refine
+    scene = run.parents[2].parent / "scene"
+    args = train_args(scene, run.parents[2], "from-ply", 20)
+    ns("ns-train", *args, "--pipeline.model.init-splats", str(run / "export" / "splat.ply"))
+    restarted = torch.load(
+        run.parents[0] / "from-ply" / "nerfstudio_models" / f"step-{19:09d}.ckpt", map_location="cpu"
+    )
+    assert restarted["pipeline"]["_model.gauss_params.means"].shape[0] == vertices.count
+
+
+HIDE_FFMPEG = (
+    "import shutil, sys; which = shutil.which; "
+    "shutil.which = lambda cmd, *a, **k: None if cmd == 'ffmpeg' else which(cmd, *a, **k); "
+    "from nerfstudio.scripts.render import entrypoint; sys.argv[0] = 'ns-render'; entrypoint()"
+)
+
+
+@pytest.mark.parametrize("ffmpeg", [True, False])
+def test_ns_render_interpolate_video_or_frames(run, ffmpeg):
+    import shutil
+    import subprocess
+    import sys
+
+    if ffmpeg and shutil.which("ffmpeg") is None:
+        pytest.fail("ffmpeg is missing: `make test` installs it (Debian package ffmpeg)")
+    target = run / f"interpolate-{ffmpeg}.mp4"
+    args = ["interpolate", "--load-config", str(run / "config.yml"), "--output-path", str(target),
+            "--interpolation-steps", "2", "--frame-rate", "4"]  # fmt: skip
+    if ffmpeg:
+        ns("ns-render", *args)
+        assert target.stat().st_size > 0
+    else:
+        proc = subprocess.run([sys.executable, "-c", HIDE_FFMPEG, *args], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "ffmpeg not found: writing frames" in proc.stdout
+        assert not target.exists() and len(list(target.with_suffix("").glob("*"))) >= 2
+
 
 def test_resume_continues_step_count_and_training(run):
     scene = run.parents[2].parent / "scene"
@@ -94,4 +141,5 @@ def test_resume_continues_step_count_and_training(run):
     moved = after["pipeline"]["_model.gauss_params.means"]
     start = before["pipeline"]["_model.gauss_params.means"]
     assert moved.shape == start.shape
+    assert "_model._extra_state" in after["pipeline"]  # densification statistics travel with the checkpoint
     assert not torch.equal(moved, start), "the resumed run's optimizer did not update the loaded splats"
