@@ -62,8 +62,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7000)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-foundation"))
     parser.add_argument("--json", type=Path, default=HERE / "results" / "foundation_lego.json")
+    parser.add_argument("--methods", nargs="+", default=["bytesplat", "splatfacto"])
     args = parser.parse_args()
-    rows = [train_and_eval(m, args.data, args.steps, args.out) for m in ("bytesplat", "splatfacto")]
+    rows = [train_and_eval(m, args.data, args.steps, args.out) for m in args.methods]
     record = {"gpu": torch.cuda.get_device_name(0), "scene": "lego 400x400 (blender-data), white background",
               "rows": rows}  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -106,17 +107,41 @@ HIDE_FFMPEG = (
 )
 
 
-@pytest.mark.parametrize("ffmpeg", [True, False])
-def test_ns_render_interpolate_video_or_frames(run, ffmpeg):
+def camera_path_file(run: Path) -> Path:
+    """Three held-out cameras as a viewer-style camera path (poses in the trained scene's frame)."""
+    from bytesplat_ns.dataparser import ByteSplatDataParserConfig
+
+    cameras = (
+        ByteSplatDataParserConfig(data=run.parents[2].parent / "scene").setup().get_dataparser_outputs("test").cameras
+    )
+    height, width, fy = int(cameras.height[0]), int(cameras.width[0]), float(cameras.fy[0])
+    fov = math.degrees(2 * math.atan(height / (2 * fy)))
+    poses = [
+        torch.cat([c2w, torch.tensor([[0.0, 0.0, 0.0, 1.0]])]).flatten().tolist()
+        for c2w in cameras.camera_to_worlds[:3]
+    ]
+    keyframes = [{"camera_to_world": pose, "fov": fov, "aspect": width / height} for pose in poses]
+    path = {"camera_type": "perspective", "render_height": height, "render_width": width, "seconds": 1.0}
+    path["camera_path"] = keyframes
+    out = run / "camera_path.json"
+    out.write_text(json.dumps(path))
+    return out
+
+
+@pytest.mark.parametrize("mode,ffmpeg", [("interpolate", True), ("interpolate", False), ("camera-path", True)])
+def test_ns_render_video_or_frames(run, mode, ffmpeg):
     import shutil
     import subprocess
     import sys
 
     if ffmpeg and shutil.which("ffmpeg") is None:
         pytest.fail("ffmpeg is missing: `make test` installs it (Debian package ffmpeg)")
-    target = run / f"interpolate-{ffmpeg}.mp4"
-    args = ["interpolate", "--load-config", str(run / "config.yml"), "--output-path", str(target),
-            "--interpolation-steps", "2", "--frame-rate", "4"]  # fmt: skip
+    target = run / f"{mode}-{ffmpeg}.mp4"
+    args = [mode, "--load-config", str(run / "config.yml"), "--output-path", str(target)]
+    if mode == "interpolate":
+        args += ["--interpolation-steps", "2", "--frame-rate", "4"]
+    else:
+        args += ["--camera-path-filename", str(camera_path_file(run))]
     if ffmpeg:
         ns("ns-render", *args)
         assert target.stat().st_size > 0
