@@ -196,7 +196,8 @@ class ByteSplatTrainer(Trainer):
         table.add_row("Training time", f"{int(minutes)} min {seconds:.0f} s")
         table.add_row("Splats", f"{self.pipeline.model.num_points:,}")
         if self.heldout_psnr is not None:
-            table.add_row("Held-out PSNR", f"{self.heldout_psnr:.2f} dB")
+            views = len(self.pipeline.datamanager.eval_dataset)
+            table.add_row("Held-out PSNR", f"{self.heldout_psnr:.2f} dB (mean over the {views} eval-split views)")
         for event in self.guard.events:
             table.add_row("Non-finite step", event)
         base = self.config.get_base_dir()
