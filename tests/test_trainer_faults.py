@@ -76,7 +76,8 @@ def test_interrupted_checkpoint_write_keeps_the_good_one(tmp_path, monkeypatch):
     assert not (trainer.checkpoint_dir / f"step-{6:09d}.ckpt").exists()
 
 
-def test_sigterm_writes_a_final_checkpoint(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_writes_a_final_checkpoint(tmp_path, signum):
     scene = small_scene(tmp_path)
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -92,11 +93,11 @@ def test_sigterm_writes_a_final_checkpoint(tmp_path):
         if "Step (% Done)" in line or time.monotonic() > deadline:
             break
     time.sleep(3)  # a few steps in
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     rest, _ = proc.communicate(timeout=120)
     printed = "".join(lines) + rest
     assert proc.returncode == 0, printed[-3000:]
-    assert "SIGTERM: stopping after this step" in printed and "bytesplat summary" in printed
+    assert f"{signal.Signals(signum).name}: stopping after this step" in printed and "bytesplat summary" in printed
     checkpoints = list((out / "term" / "bytesplat" / "run" / "nerfstudio_models").iterdir())
     assert len(checkpoints) == 1 and checkpoints[0].suffix == ".ckpt", checkpoints
     assert torch.load(checkpoints[0], map_location="cpu")["step"] < 100000
