@@ -61,7 +61,9 @@ class NonFiniteGuard:
             _restore(self.snapshot, optimizers)
             for key in ("grad2d", "count", "radii"):  # densification statistics start again
                 strategy_state[key] = None
-            message = f"non-finite loss or gradient at step {first}: restored the state of step {self.snapshot.step}"
+            message = (
+                f"non-finite loss or gradient at step {first}: restored the state from before step {self.snapshot.step}"
+            )
         CONSOLE.print(f"[bold yellow]{message}; training goes on.[/bold yellow]")
         self.events.append(message)
         self.bad.zero_()

@@ -89,6 +89,8 @@ class ByteSplatTrainer(Trainer):
     # -- the step ---------------------------------------------------------------------------------
     def train_iteration(self, step: int):
         optimizers = self.optimizers
+        if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
+            self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
         optimizers.zero_grad_some([g for g in optimizers.parameters if step % self.gradient_accumulation_steps[g] == 0])
         device_type = "cpu" if self.device.split(":")[0] in ("cpu", "mps") else "cuda"
         with torch.autocast(device_type=device_type, enabled=self.mixed_precision):
@@ -104,8 +106,6 @@ class ByteSplatTrainer(Trainer):
         self.grad_scaler.update()
         if scale <= self.grad_scaler.get_scale():
             optimizers.scheduler_step_all(step)
-        if self.guard.due(step):
-            self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
         return loss, loss_dict, metrics_dict
 
     # -- stopping, memory, checkpoints ------------------------------------------------------------

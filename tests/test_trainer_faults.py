@@ -31,7 +31,10 @@ def test_nonfinite_step_is_skipped_and_state_restored(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, steps=30)
     trainer.train()
     assert len(trainer.guard.events) == 1
-    assert f"step {NAN_STEP}" in trainer.guard.events[0] and "restored the state of step 10" in trainer.guard.events[0]
+    assert (
+        f"step {NAN_STEP}" in trainer.guard.events[0]
+        and "restored the state from before step 10" in trainer.guard.events[0]
+    )
     for param in trainer.pipeline.model.gauss_params.values():
         assert torch.isfinite(param).all()
     assert (trainer.checkpoint_dir / f"step-{29:09d}.ckpt").exists()
