@@ -19,7 +19,7 @@ import torch
 
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
 
-CPU_STEPS = 500
+CPU_STEPS = 400
 """Enough for >= 25 dB held-out PSNR on the built-in scene, within 5 minutes on 2 CPU cores."""
 GPU_STEPS = 3000
 
