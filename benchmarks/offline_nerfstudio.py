@@ -1,26 +1,16 @@
-"""Run a nerfstudio command with no network: LPIPS (whose weights download on construction) is replaced
-by a metric that reports NaN, and bytesplat's checkpoint allow-list is registered. Used for the splatfacto
-baseline on the GPU machine, which has no network. Usage: python offline_nerfstudio.py ns-train ARGS..."""
+"""Run a nerfstudio command with no network: LPIPS (whose weights download on construction) is replaced by a
+metric that reports NaN when its weights are not on disk, and bytesplat's checkpoint allow-list is registered.
+Used for the splatfacto baseline on the GPU machine, which has no network.
+Usage: python offline_nerfstudio.py ns-train ARGS..."""
 
 from __future__ import annotations
 
 import sys
 
-import torch
-import torchmetrics.image.lpip
-
 import bytesplat_ns  # noqa: F401  (registers the numpy types nerfstudio checkpoints hold)
+from bytesplat_ns.lpips import stand_in_lpips_unless_on_disk
 
-
-class LpipsNotMeasured(torch.nn.Module):
-    def __init__(self, **_: object) -> None:
-        super().__init__()
-
-    def forward(self, *_: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(float("nan"))
-
-
-torchmetrics.image.lpip.LearnedPerceptualImagePatchSimilarity = LpipsNotMeasured
+stand_in_lpips_unless_on_disk()
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""LPIPS without downloads: built only when torchvision's AlexNet weights are already on disk."""
+"""LPIPS without downloads: built only when torchvision's AlexNet weights are already on disk, and a stand-in
+for methods (splatfacto) that would build it anyway."""
 
 from __future__ import annotations
 
@@ -23,3 +24,26 @@ def lpips_if_weights_on_disk() -> torch.nn.Module | None:
     from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
     return LearnedPerceptualImagePatchSimilarity(normalize=True)
+
+
+class LpipsNotMeasured(torch.nn.Module):
+    """Stands in for torchmetrics' LPIPS when AlexNet's weights are not on disk: building the real one downloads."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        return torch.tensor(float("nan"))
+
+
+def stand_in_lpips_unless_on_disk() -> bool:
+    """Replace torchmetrics' LPIPS class by `LpipsNotMeasured` when its weights would be downloaded (before any
+    model is built); True if replaced."""
+    if alexnet_weights_path().exists():
+        return False
+    import torchmetrics.image
+    import torchmetrics.image.lpip
+
+    torchmetrics.image.lpip.LearnedPerceptualImagePatchSimilarity = LpipsNotMeasured
+    torchmetrics.image.LearnedPerceptualImagePatchSimilarity = LpipsNotMeasured
+    return True

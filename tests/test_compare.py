@@ -24,8 +24,9 @@ from bytesplat_ns.compare.stats import (
     metric_table,
     worse_views,
 )
-from bytesplat_ns.compare.worker import TrainingClock, stand_in_lpips_unless_on_disk
+from bytesplat_ns.compare.worker import TrainingClock
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
+from bytesplat_ns.lpips import stand_in_lpips_unless_on_disk
 
 SCENE = DemoSceneConfig(width=32, height=24, num_train=6, num_eval=2, num_points=300, seed=2)
 
@@ -248,12 +249,17 @@ PER_RUN_FIELDS = ("psnr", "ssim", "lpips", "startup_s", "train_s", "eval_s", "st
                   "bytes_exchanged", "time_to_target", "curve", "views", "heldout_views", "config")  # fmt: skip
 
 
+def run_cpu_study(scene, out, baseline: str, steps: int, eval_every: int):
+    """One seed, bytesplat as the candidate, on the CPU; returns the output folder."""
+    main(["--data", str(scene), "--baseline", baseline, "--candidate", "bytesplat", "--steps", str(steps),
+          "--seeds", "1", "--eval-every", str(eval_every), "--device", "cpu", "--output", str(out),
+          "--", "--pipeline.model.num-downscales", "0"])  # fmt: skip
+    return out
+
+
 @pytest.mark.slow
 def test_a_a_study_end_to_end(scene, tmp_path):
-    out = tmp_path / "aa"
-    main(["--data", str(scene), "--baseline", "bytesplat", "--candidate", "bytesplat", "--steps", "30",
-          "--seeds", "1", "--eval-every", "10", "--device", "cpu", "--output", str(out),
-          "--", "--pipeline.model.num-downscales", "0"])  # fmt: skip
+    out = run_cpu_study(scene, tmp_path / "aa", baseline="bytesplat", steps=30, eval_every=10)
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] in (KEEP, RETAIN) and report["reasons"]
     assert len(report["heldout_views"]) == SCENE.num_eval
@@ -285,10 +291,7 @@ def test_a_a_study_end_to_end(scene, tmp_path):
 
 @pytest.mark.slow
 def test_failed_baseline_is_recorded_and_retains_it(scene, tmp_path):
-    out = tmp_path / "sf"
-    main(["--data", str(scene), "--baseline", "splatfacto", "--candidate", "bytesplat", "--steps", "5",
-          "--seeds", "1", "--eval-every", "5", "--device", "cpu", "--output", str(out),
-          "--", "--pipeline.model.num-downscales", "0"])  # fmt: skip
+    out = run_cpu_study(scene, tmp_path / "sf", baseline="splatfacto", steps=5, eval_every=5)
     report = json.loads((out / "report.json").read_text())
     baseline, candidate = report["runs"]
     assert baseline["method"] == "splatfacto" and baseline["status"] == "failed" and baseline["error"]

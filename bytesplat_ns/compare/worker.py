@@ -20,32 +20,9 @@ import torch
 from PIL import Image
 
 from bytesplat_ns.compare.records import CurvePoint, RunRecord, RunSpec, ViewMetrics, write_json
+from bytesplat_ns.lpips import stand_in_lpips_unless_on_disk
 
 EvalFn = Callable[[], list[ViewMetrics]]
-
-
-class _NoLPIPS(torch.nn.Module):
-    """Stands in for torchmetrics' LPIPS when AlexNet's weights are not on disk: building it would download them."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__()
-
-    def forward(self, *args, **kwargs) -> torch.Tensor:
-        return torch.tensor(float("nan"))
-
-
-def stand_in_lpips_unless_on_disk() -> bool:
-    """Replace torchmetrics' LPIPS class by `_NoLPIPS` when its weights would be downloaded; True if replaced."""
-    from bytesplat_ns.lpips import alexnet_weights_path
-
-    if alexnet_weights_path().exists():
-        return False
-    import torchmetrics.image
-    import torchmetrics.image.lpip
-
-    torchmetrics.image.lpip.LearnedPerceptualImagePatchSimilarity = _NoLPIPS
-    torchmetrics.image.LearnedPerceptualImagePatchSimilarity = _NoLPIPS
-    return True
 
 
 def build_config(spec: RunSpec):
