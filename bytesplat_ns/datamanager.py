@@ -1,19 +1,54 @@
-"""ByteSplat's datamanager: nerfstudio's full-image datamanager that checks the scene before caching it,
-and the per-rank camera sharding that multi-GPU training uses."""
+"""ByteSplat's datamanager: nerfstudio's full-image datamanager that checks the scene before caching it and,
+with several ranks, gives each rank its own shard of the training cameras.
+
+Sharding: one permutation of the training cameras, drawn from the shared seed, is dealt round-robin to the
+ranks, so the shards are disjoint, cover every camera and differ in size by at most one. The shards stay
+fixed for the whole run, so each rank caches only its own shard's images; each epoch every rank draws its
+shard in a new order, again from the shared seed (seed, epoch). With one rank, nerfstudio's own sampler
+runs unchanged (so a 1-GPU bytesplat run sees the cameras in splatfacto's order).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+import torch.distributed as dist
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
 
-from bytesplat_ns.input_checks import check_dataparser_outputs
+from bytesplat_ns.input_checks import BadInputError, check_dataparser_outputs
 
 
 @dataclass
 class ByteSplatDatamanagerConfig(FullImageDatamanagerConfig):
     _target: type = field(default_factory=lambda: ByteSplatDatamanager)
+
+
+def camera_shard(num_cameras: int, world_size: int, rank: int, seed: int) -> list[int]:
+    """This rank's training cameras: a permutation shared by all ranks (seeded by `seed`), dealt round-robin."""
+    generator = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(num_cameras, generator=generator)[rank::world_size].tolist())
+
+
+def epoch_order(shard: list[int], seed: int, epoch: int) -> list[int]:
+    """The order in which a rank draws its shard in one epoch (seeded by the shared seed and the epoch)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return [shard[i] for i in torch.randperm(len(shard), generator=generator).tolist()]
+
+
+class _ShardView:
+    """The part of a dataset that nerfstudio's image cache reads (len, get_data, cameras), limited to a shard."""
+
+    def __init__(self, dataset, shard: list[int]) -> None:
+        self.dataset, self.shard = dataset, shard
+        self.cameras = dataset.cameras[torch.tensor(shard)]
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def get_data(self, index: int, image_type: str):
+        return self.dataset.get_data(self.shard[index], image_type=image_type)
 
 
 class ByteSplatDatamanager(FullImageDatamanager):
@@ -28,9 +63,53 @@ class ByteSplatDatamanager(FullImageDatamanager):
         check_dataparser_outputs(dataset._dataparser_outputs, "eval")
         return dataset
 
+    @cached_property
+    def shard(self) -> list[int]:
+        """The training cameras this rank trains on (all of them with one rank)."""
+        num_cameras = len(self.train_dataset)
+        if self.world_size > num_cameras:
+            raise BadInputError(
+                f"{self.world_size} GPUs need at least {self.world_size} training images (one per GPU); the scene "
+                f"has {num_cameras}. Use fewer GPUs (--machine.num-devices)."
+            )
+        if self.world_size > 1 and self.config.train_cameras_sampling_strategy != "random":
+            raise BadInputError(
+                "Several GPUs draw disjoint camera shards; --pipeline.datamanager.train-cameras-sampling-strategy "
+                f"{self.config.train_cameras_sampling_strategy} works on one GPU only. Use random (the default)."
+            )
+        return camera_shard(num_cameras, self.world_size, self.global_rank, self.config.train_cameras_sampling_seed)
 
-def camera_shard(num_cameras: int, world_size: int, rank: int, epoch: int, seed: int) -> list[int]:
-    """This rank's training cameras for an epoch: one permutation shared by all ranks (seeded by seed + epoch),
-    dealt round-robin, so the shards are disjoint, cover every camera and differ in size by at most one."""
-    generator = torch.Generator().manual_seed(seed + epoch)
-    return torch.randperm(num_cameras, generator=generator)[rank::world_size].tolist()
+    @property
+    def global_rank(self) -> int:
+        """This process's rank among all machines' (nerfstudio passes only the local rank)."""
+        return dist.get_rank() if self.world_size > 1 else 0
+
+    def sample_train_cameras(self) -> list[int]:
+        if self.world_size == 1:
+            return super().sample_train_cameras()
+        self.epoch = getattr(self, "epoch", -1) + 1
+        return epoch_order(self.shard, self.config.train_cameras_sampling_seed, self.epoch)
+
+    @cached_property
+    def cached_train(self):
+        """With several ranks: only this rank's shard is loaded (other entries are None)."""
+        if self.world_size == 1:
+            return super().cached_train
+        full, view = self.train_dataset, _ShardView(self.train_dataset, self.shard)
+        self.train_dataset = view  # nerfstudio's loader (undistortion included) reads only the shard
+        try:
+            loaded = self._load_images("train", cache_images_device=self.config.cache_images)
+        finally:
+            self.train_dataset = full
+        index = torch.tensor(self.shard)
+        for name in ("fx", "fy", "cx", "cy", "width", "height"):  # undistortion may have changed them
+            getattr(full.cameras, name)[index] = getattr(view.cameras, name)
+        self.train_cameras = full.cameras.to(self.device) if self.config.cache_images == "gpu" else full.cameras
+        cache: list = [None] * len(full)
+        for camera, data in zip(self.shard, loaded):
+            cache[camera] = data
+        return cache
+
+    def get_train_rays_per_batch(self) -> int:
+        image = self.cached_train[self.shard[0]]["image"]
+        return image.shape[0] * image.shape[1]

@@ -1,12 +1,20 @@
 """Sparse-gradient compaction: exchange only the gradient rows a rank's view touched.
 
 Each rank's splat gradients are non-zero only for the splats its camera saw. Instead of a dense
-all-reduce of [N, ...] tensors, every rank encodes its non-zero rows as (row indices, values), the
-ranks all-gather those variable-length buffers, and each rank decodes them by scatter-adding into the
-dense gradient, then divides by the world size: the same mean as an all-reduce.
+all-reduce of the [N, ...] gradients, every rank encodes its non-zero rows (over all splat parameters
+at once) as (row indices, values), the ranks all-gather those variable-length buffers, and each rank
+decodes them by adding every rank's rows, in rank order, into the dense gradient, then divides by the
+world size: the mean an all-reduce would give, and bitwise the same on every rank (each rank's rows are
+distinct, so no two additions race), which keeps the ranks' splats identical.
 
-Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs). Components, so far: the
-trainer's multi-GPU path (a later piece of work) calls `average_sparse_rows` between backward and step.
+Why an all-gather rather than an all-to-all: with an all-to-all each rank would own a slice of the splats,
+receive the rows of its slice, sum them and send the sums back: two rounds, the second carrying the union
+of the visible rows. On 2 GPUs that sends at least as many bytes as the all-gather (equal when both views
+see the same splats), at twice the latency; benchmarks/multi_gpu.py reports both byte counts from the rows
+each step actually exchanged.
+
+Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs). Two host syncs: the row count
+(nonzero) and the gathered counts (buffer sizes).
 """
 
 from __future__ import annotations
@@ -20,55 +28,94 @@ from torch import Tensor
 
 @dataclass
 class PackedRows:
-    """The non-zero rows of one gradient."""
+    """The non-zero rows of a gradient."""
 
-    rows: Tensor  # [M] int64 row indices into the dense gradient
+    rows: Tensor  # [M] int32 row indices into the dense gradient
     values: Tensor  # [M, D] the rows, flattened to D values each (float32, or float16 when compressed)
 
-    def nbytes(self) -> int:
-        return self.rows.numel() * self.rows.element_size() + self.values.numel() * self.values.element_size()
+    def row_bytes(self) -> int:
+        return self.rows.element_size() + self.values.shape[1] * self.values.element_size()
 
 
-def encode(grad: Tensor, half: bool = False) -> PackedRows:
-    """grad: [N, ...] -> its rows with any non-zero entry (one host sync: the row count)."""
-    flat = grad.reshape(grad.shape[0], -1)  # [N, D]
+@dataclass
+class ExchangeStats:
+    """What one exchange moved, in bytes each rank sent, against a dense ring all-reduce of the same gradients."""
+
+    sent_bytes: int
+    """Compacted: this rank's packed buffer (padded to the largest rank's) to each of the world - 1 peers."""
+    dense_bytes: int
+    """Dense ring all-reduce of the same fp32 gradients: 2 (world - 1) / world of their size."""
+    rows: int
+    """Non-zero rows this rank sent."""
+    notes: list[int]
+    """Every rank's `note`, in rank order."""
+
+
+def encode(flat: Tensor, half: bool = False) -> PackedRows:
+    """flat: [N, D] -> its rows with any non-zero entry (one host sync: the row count)."""
     rows = torch.nonzero(flat.ne(0).any(dim=1)).squeeze(1)  # [M]
     values = flat.index_select(0, rows)
-    return PackedRows(rows=rows, values=values.half() if half else values)
+    return PackedRows(rows=rows.int(), values=values.half() if half else values)
 
 
-def decode(packs: list[PackedRows], like: Tensor) -> Tensor:
-    """Sum every rank's rows into a dense tensor shaped and typed like `like` ([N, ...])."""
-    dense = torch.zeros(like.shape[0], like[0].numel(), dtype=like.dtype, device=like.device)  # [N, D]
+def decode(packs: list[PackedRows], num_rows: int, dtype: torch.dtype) -> Tensor:
+    """Sum every rank's rows, in rank order, into a dense [num_rows, D] tensor."""
+    width = packs[0].values.shape[1]
+    dense = torch.zeros(num_rows, width, dtype=dtype, device=packs[0].values.device)  # [N, D]
     for pack in packs:
-        dense.index_add_(0, pack.rows, pack.values.to(like.dtype))
-    return dense.reshape(like.shape)
+        dense.index_add_(0, pack.rows, pack.values.to(dtype))
+    return dense
 
 
-def all_gather_packed(pack: PackedRows, group=None) -> list[PackedRows]:
-    """Every rank's PackedRows: counts first, then buffers padded to the largest count."""
-    world = dist.get_world_size(group)
-    count = torch.tensor([pack.rows.numel()], device=pack.rows.device)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count, group=group)
-    counts = [int(c) for c in counts]  # host sync: buffer sizes
-    width, most = pack.values.shape[1], max(counts)
-    rows = torch.zeros(most, dtype=pack.rows.dtype, device=pack.rows.device)
-    values = torch.zeros(most, width, dtype=pack.values.dtype, device=pack.values.device)
-    rows[: counts[dist.get_rank(group)]] = pack.rows
-    values[: counts[dist.get_rank(group)]] = pack.values
+def all_gather_packed(pack: PackedRows, note: int = 0, group=None) -> tuple[list[PackedRows], list[int]]:
+    """Every rank's PackedRows (counts first, then buffers padded to the largest count), and every rank's note."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    header = torch.tensor([pack.rows.numel(), note], device=pack.rows.device)
+    headers = [torch.zeros_like(header) for _ in range(world)]
+    dist.all_gather(headers, header, group=group)
+    counts, notes = zip(*torch.stack(headers).tolist())  # host sync: buffer sizes
+    most = max(counts)
+    rows = pack.rows.new_zeros(most)
+    values = pack.values.new_zeros(most, pack.values.shape[1])
+    rows[: counts[rank]] = pack.rows
+    values[: counts[rank]] = pack.values
     all_rows = [torch.empty_like(rows) for _ in range(world)]
     all_values = [torch.empty_like(values) for _ in range(world)]
     dist.all_gather(all_rows, rows, group=group)
     dist.all_gather(all_values, values, group=group)
-    return [PackedRows(r[:c], v[:c]) for r, v, c in zip(all_rows, all_values, counts)]
+    packs = [PackedRows(r[:c], v[:c]) for r, v, c in zip(all_rows, all_values, counts)]
+    return packs, list(notes)
 
 
-def average_sparse_rows(grad: Tensor, half: bool = False, group=None) -> int:
-    """Replace `grad` ([N, ...]) in place by the mean over ranks of every rank's grad. Returns the bytes this
-    rank sent (its packed rows, padding included), for comparison with a dense all-reduce's grad.nbytes."""
-    pack = encode(grad, half=half)
-    packs = all_gather_packed(pack, group=group)
-    grad.copy_(decode(packs, grad) / dist.get_world_size(group))
+def average_sparse_rows(grads: list[Tensor], half: bool = False, note: int = 0, group=None) -> ExchangeStats:
+    """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks.
+
+    `note` is a small integer every rank sends along with its row count (the trainer uses it for pause/stop
+    requests, so they cost no extra round trip); every rank's note comes back in the stats."""
+    num_rows = grads[0].shape[0]
+    widths = [g[0].numel() for g in grads]
+    flat = torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1)  # [N, D]
+    pack = encode(flat, half=half)
+    packs, notes = all_gather_packed(pack, note=note, group=group)
+    world = dist.get_world_size(group)
+    dense = decode(packs, num_rows, flat.dtype).div_(world)
+    for grad, part in zip(grads, dense.split(widths, dim=1)):
+        grad.copy_(part.reshape(grad.shape))
     most = max(p.rows.numel() for p in packs)
-    return most * (pack.rows.element_size() + pack.values.shape[1] * pack.values.element_size())
+    return ExchangeStats(
+        sent_bytes=(world - 1) * most * pack.row_bytes(),
+        dense_bytes=2 * (world - 1) * flat.numel() * 4 // world,
+        rows=pack.rows.numel(),
+        notes=notes,
+    )
+
+
+def average_dense(grads: list[Tensor], group=None) -> None:
+    """Plain all-reduce mean of dense gradients (camera optimizer, bilateral grid), in one flat buffer."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(part.reshape(grad.shape))

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from gsplat.strategy import DefaultStrategy
 from gsplat.strategy.ops import remove
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.models.splatfacto import (
@@ -28,6 +27,7 @@ from bytesplat_ns import nerfstudio_patches
 from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
 from bytesplat_ns.splat_ply import read_splats
+from bytesplat_ns.strategy import ByteSplatStrategy
 
 GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -43,6 +43,8 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Cap on the splat count: after each refine the lowest-opacity splats beyond it are removed (0: no cap)."""
     init_splats: Path | None = None
     """Start from a splat PLY exported by ns-export gaussian-splat (same scene and dataparser) instead of points."""
+    views_per_step: int = 1
+    """Training views per optimizer step (the number of GPUs). Set by the trainer, not on the command line."""
 
 
 class SplatOutOfMemoryError(RuntimeError):
@@ -87,7 +89,7 @@ class ByteSplatModel(SplatfactoModel):
             x, y, w = self.config.grid_shape
             self.bil_grids = BilateralGrid(num=self.num_train_data, grid_X=x, grid_Y=y, grid_W=w)
         cfg = self.config
-        self.strategy = DefaultStrategy(  # splatfacto's densification, option for option
+        self.strategy = ByteSplatStrategy(  # splatfacto's densification, option for option; see strategy.py
             prune_opa=cfg.cull_alpha_thresh,
             grow_grad2d=cfg.densify_grad_thresh,
             grow_scale3d=cfg.densify_size_thresh,
@@ -99,12 +101,13 @@ class ByteSplatModel(SplatfactoModel):
             refine_stop_iter=cfg.stop_split_at,
             reset_every=cfg.reset_alpha_every * cfg.refine_every,
             refine_every=cfg.refine_every,
-            pause_refine_after_reset=self.num_train_data + cfg.refine_every,
+            pause_refine_after_reset=self.num_train_data // cfg.views_per_step + cfg.refine_every,
             absgrad=cfg.use_absgrad,
             revised_opacity=False,
             verbose=True,
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        self.loaded_views_per_step = cfg.views_per_step
 
     def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation (seed points or a random cube), or an exported PLY; built on the CPU."""
@@ -162,10 +165,14 @@ class ByteSplatModel(SplatfactoModel):
             raise SplatOutOfMemoryError(step, self.num_points) from error
 
     def get_extra_state(self) -> dict:
-        """Densification statistics travel in checkpoints, so a resumed run densifies as the original would."""
-        return {k: v for k, v in self.strategy_state.items() if v is None or torch.is_tensor(v)}
+        """Densification statistics travel in checkpoints, so a resumed run densifies as the original would; and
+        the views per step, so a run on another number of GPUs can convert the step count (view_schedule.py)."""
+        state = {k: v for k, v in self.strategy_state.items() if v is None or torch.is_tensor(v)}
+        return {**state, "views_per_step": self.config.views_per_step}
 
     def set_extra_state(self, state: dict) -> None:
+        state = dict(state)
+        self.loaded_views_per_step = int(state.pop("views_per_step", 1))
         self.strategy_state.update({k: v if v is None else v.to(self.device) for k, v in state.items()})
 
     def splats(self, crop_ids: Tensor | None = None) -> Splats:

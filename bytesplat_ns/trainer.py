@@ -7,6 +7,12 @@
   written to a temporary file first and renamed, so an interrupted write never replaces a good one.
 - Out of GPU memory while densifying: a checkpoint, then a message naming the splat count and the cap.
 - The progress table shows the latest held-out PSNR; training ends with a summary.
+
+With --machine.num-devices N (and nerfstudio's multi-machine flags) every rank runs this trainer on its own
+GPU (`torch.cuda.set_device(local_rank)` before anything touches CUDA) and its own camera each step, so a step
+trains on N views; counts of steps in the config are read as counts of views (view_schedule.py). Rank 0
+alone runs the viewer, evaluates, logs and writes checkpoints. Pause/stop requests reach every rank
+(run_control.py); a rank that dies makes the others exit within a minute (rank_watchdog.py).
 """
 
 from __future__ import annotations
@@ -20,16 +26,22 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils import writer
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from bytesplat_ns.finite_guard import NonFiniteGuard
 from bytesplat_ns.input_checks import BadInputError, check_data_path
 from bytesplat_ns.model import SplatOutOfMemoryError
+from bytesplat_ns.rank_watchdog import RankWatchdog
+from bytesplat_ns.run_control import RunControl
+from bytesplat_ns.run_stats import RunStats
+from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
 
 
 @dataclass
@@ -48,11 +60,10 @@ class ByteSplatTrainerConfig(TrainerConfig):
                 f"--machine.num-devices {machine.num_devices} asks for more GPUs than this machine has "
                 f"({torch.cuda.device_count()}). Lower it, or use --machine.device-type cpu."
             )
-        if machine.num_devices * machine.num_machines > 1:
+        if machine.device_type != "cuda" and machine.num_devices * machine.num_machines > 1:
             _exit(
-                f"bytesplat trains on one device for now; got {machine.num_devices} device(s) x "
-                f"{machine.num_machines} machine(s). Drop --machine.num-devices/--machine.num-machines "
-                "(multi-GPU training comes in its own release)."
+                "Several processes need CUDA GPUs: nerfstudio's launcher starts them over NCCL only. On the CPU "
+                "train with one process (drop --machine.num-devices/--machine.num-machines)."
             )
 
 
@@ -64,6 +75,55 @@ def _exit(message: str) -> None:
 class ByteSplatTrainer(Trainer):
     config: ByteSplatTrainerConfig
 
+    def __init__(self, config: ByteSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
+        if config.machine.device_type == "cuda" and torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)  # before anything touches CUDA: nerfstudio never does this
+        self.rank = dist.get_rank() if world_size > 1 else 0
+        self.control: RunControl | None = None
+        self._stop_training = False
+        self.watchdog: RankWatchdog | None = None
+        if world_size > 1 and self.rank != 0:
+            config.vis = "tensorboard"  # nerfstudio would start a viewer on each machine's local rank 0; writers
+            # are rank 0's only, so this just keeps the viewer off here
+        super().__init__(per_step_views(config, world_size), local_rank, world_size)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # Pause and stop: with several ranks the loop obeys what the ranks agreed on, not one rank's wish.
+    @property
+    def training_state(self) -> str:
+        control = self.control
+        if control is None:
+            return self._training_state
+        if control.requested_state == "completed":
+            return "completed"
+        if control.agreed_state == "paused":
+            control.poll_paused()
+        return control.agreed_state
+
+    @training_state.setter
+    def training_state(self, value: str) -> None:
+        self._training_state = value
+        if self.control is not None:
+            self.control.requested_state = value
+
+    @property
+    def stop_training(self) -> bool:
+        control = self.control
+        if control is None:
+            return self._stop_training
+        if control.agreed_state == "paused":
+            control.poll_paused()
+        return control.agreed_stop
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        self._stop_training = value
+        if self.control is not None:
+            self.control.requested_stop = value
+
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         try:
             if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -73,12 +133,40 @@ class ByteSplatTrainer(Trainer):
                     self.config.pipeline.datamanager.data or self.config.pipeline.datamanager.dataparser.data
                 )
             super().setup(test_mode)
+            self.pipeline.model.strategy.seed = self.config.machine.seed
+            self._resume_on_another_gpu_count()
+            if self.world_size > 1:
+                self._join_ranks()
         except BadInputError as error:
-            self._remove_unused_run_folder()
+            if self.is_main:
+                self._remove_unused_run_folder()
             _exit(str(error))
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
+        self.stats = RunStats(views_per_step=self.world_size)
         self.stop_requested = False
         self.heldout_psnr: float | None = None
+
+    def _resume_on_another_gpu_count(self) -> None:
+        """A checkpoint written with N views per step, resumed with M: continue at the same number of views."""
+        saved = self.pipeline.model.loaded_views_per_step
+        if self._start_step == 0 or saved == self.world_size:
+            return
+        start = resumed_start_step(self._start_step, saved, self.world_size)
+        CONSOLE.print(
+            f"Resuming a {saved}-GPU checkpoint on {self.world_size} GPU(s): step {self._start_step} -> {start} "
+            "(the same number of views seen)."
+        )
+        self._start_step = start
+        rescale_resumed_optimizers(self.optimizers, self.config, start)
+
+    def _join_ranks(self) -> None:
+        """After the checkpoint (if any) is loaded: the same splats everywhere, then watch each other."""
+        self.pipeline.broadcast_from_rank0()
+        store = dist.distributed_c10d._get_default_store()
+        self.control = RunControl(store=store, rank=self.rank)
+        self.control.requested_state = self.control.agreed_state = self._training_state
+        self.watchdog = RankWatchdog(store, self.rank, self.world_size)
+        self.watchdog.start()
 
     def _remove_unused_run_folder(self) -> None:
         """The run folder holds only the config saved for a run that never started: remove it."""
@@ -88,6 +176,8 @@ class ByteSplatTrainer(Trainer):
 
     # -- the step ---------------------------------------------------------------------------------
     def train_iteration(self, step: int):
+        started = time.perf_counter()
+        exchange = None
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
@@ -97,8 +187,13 @@ class ByteSplatTrainer(Trainer):
             _, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
             loss = functools.reduce(torch.add, loss_dict.values())
         self.grad_scaler.scale(loss).backward()
+        guarded_loss = loss
+        if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
+            exchange = self.pipeline.average_gradients(note=self.control.note())
+            self.control.agree(exchange.notes)
+            guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
         if self.guard.check_every > 0:
-            self.guard.after_backward(step, loss, optimizers.optimizers)
+            self.guard.after_backward(step, guarded_loss, optimizers.optimizers)
         optimizers.optimizer_scaler_step_some(
             self.grad_scaler, [g for g in optimizers.parameters if step % self.gradient_accumulation_steps[g] == 0]
         )
@@ -106,6 +201,7 @@ class ByteSplatTrainer(Trainer):
         self.grad_scaler.update()
         if scale <= self.grad_scaler.get_scale():
             optimizers.scheduler_step_all(step)
+        self.stats.add_step(time.perf_counter() - started, exchange)
         return loss, loss_dict, metrics_dict
 
     # -- stopping, memory, checkpoints ------------------------------------------------------------
@@ -119,11 +215,27 @@ class ByteSplatTrainer(Trainer):
                 pass
         try:
             super().train()
+            if self.watchdog is not None:
+                self.watchdog.finish()
         except SplatOutOfMemoryError as error:
+            self._report_failure(error)
             self._out_of_memory(error)
+        except BaseException as error:
+            self._report_failure(error)
+            if self.world_size > 1:
+                what = escape(f"{type(error).__name__}: {error}")
+                CONSOLE.print(
+                    f"[bold red]bytesplat rank {self.rank}: training stopped: {what}. With several GPUs this usually "
+                    "means one of the other ranks exited first: see its output above."
+                )
+            raise
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+
+    def _report_failure(self, error: BaseException) -> None:
+        if self.watchdog is not None:
+            self.watchdog.report_failure(f"{type(error).__name__}: {error}".strip())
 
     def _request_stop(self, signum, frame) -> None:
         if self.stop_requested:  # a second Ctrl-C: stop now
@@ -136,7 +248,9 @@ class ByteSplatTrainer(Trainer):
     def _out_of_memory(self, error: SplatOutOfMemoryError) -> None:
         torch.cuda.empty_cache()
         model = self.pipeline.model
-        if len({p.shape[0] for p in model.gauss_params.values()}) == 1:
+        if not self.is_main:
+            saved = "Rank 0 saves the checkpoints."
+        elif len({p.shape[0] for p in model.gauss_params.values()}) == 1:
             self.save_checkpoint(self.step)
             saved = f"Saved a checkpoint of step {self.step} in {self.checkpoint_dir}."
         else:
@@ -150,7 +264,9 @@ class ByteSplatTrainer(Trainer):
         )
 
     def save_checkpoint(self, step: int) -> None:
-        """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename."""
+        """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename. Rank 0 only."""
+        if not self.is_main:
+            return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
         tmp = path.with_suffix(".ckpt.tmp")
@@ -173,6 +289,8 @@ class ByteSplatTrainer(Trainer):
 
     # -- progress and summary ---------------------------------------------------------------------
     def eval_iteration(self, step: int) -> None:
+        if not self.is_main:
+            return
         super().eval_iteration(step)
         if step_check(step, self.config.steps_per_eval_image):
             psnr = [e["event"] for e in writer.EVENT_STORAGE if e["name"] == "Eval Images Metrics/psnr"]
@@ -180,8 +298,10 @@ class ByteSplatTrainer(Trainer):
                 writer.put_scalar(name=writer.EventName.CURR_TEST_PSNR, scalar=float(psnr[-1]), step=step)
 
     def _after_train(self) -> None:
-        if self.stop_requested and self.step > self._start_step:
+        if self.stop_training and self.step > self._start_step:
             self.step -= 1  # the loop stopped before running this step
+        if not self.is_main:
+            return
         if self.config.summary_eval and self.pipeline.datamanager.eval_dataset:
             self.pipeline.eval()
             self.heldout_psnr = float(self.pipeline.get_average_eval_image_metrics(step=self.step)["psnr"])
@@ -198,9 +318,13 @@ class ByteSplatTrainer(Trainer):
         if self.heldout_psnr is not None:
             views = len(self.pipeline.datamanager.eval_dataset)
             table.add_row("Held-out PSNR", f"{self.heldout_psnr:.2f} dB (mean over the {views} eval-split views)")
+        for name, value in self.stats.summary_rows():
+            table.add_row(name, value)
         for event in self.guard.events:
             table.add_row("Non-finite step", event)
         base = self.config.get_base_dir()
+        self.stats.write(base / "bytesplat_stats.json", heldout_psnr=self.heldout_psnr,
+                         splats=self.pipeline.model.num_points, last_step=self.step)  # fmt: skip
         table.add_row("Run folder", str(base))
         table.add_row("Config (for ns-eval/render/export)", str(base / "config.yml"))
         table.add_row("Checkpoints", str(self.checkpoint_dir))

@@ -9,12 +9,12 @@ from __future__ import annotations
 from nerfstudio.configs.base_config import ViewerConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
-from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
 
 from bytesplat_ns.datamanager import ByteSplatDatamanagerConfig
 from bytesplat_ns.dataparser import ByteSplatDataParserConfig
 from bytesplat_ns.model import ByteSplatModelConfig
+from bytesplat_ns.pipeline import ByteSplatPipelineConfig
 from bytesplat_ns.trainer import ByteSplatTrainerConfig
 
 
@@ -50,7 +50,7 @@ bytesplat = MethodSpecification(
         steps_per_eval_all_images=1000,
         max_num_iterations=30000,
         mixed_precision=False,
-        pipeline=VanillaPipelineConfig(
+        pipeline=ByteSplatPipelineConfig(
             datamanager=ByteSplatDatamanagerConfig(
                 dataparser=ByteSplatDataParserConfig(),  # nerfstudio-data; its PLY read without open3d
                 cache_images_type="uint8",

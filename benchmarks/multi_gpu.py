@@ -1,0 +1,218 @@
+"""Multi-GPU bytesplat (issue #4) on the H200 x2 machine: scaling on lego and exchange bytes on a 2M-splat room.
+
+1. lego: `ns-train bytesplat` on 1 GPU and on 2 GPUs with the same number of training views (the 2-GPU run
+   takes half the steps); views per second over the training steps, held-out PSNR on the test split
+   (ns-eval), bytes sent by the compacted exchange against a dense all-reduce (bytesplat_stats.json).
+2. room: 2,000,000 splats on the walls of a closed room, 2 GPUs, each rendering (gsplat, 1920x1080) a
+   camera inside the room looking a random way, L1 loss, backward; then the splat gradients are averaged
+   by the compacted exchange (fp32 and fp16 values) and by a dense NCCL all-reduce: bytes and time of each.
+Writes benchmarks/results/multi_gpu.json (or --json) and prints a table last. Run there:
+    python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bytesplat_ns.grad_compaction import average_sparse_rows, encode
+from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize
+
+HERE = Path(__file__).resolve().parent
+ROOM_SPLATS = 2_000_000
+ROOM_HALF = 5.0
+"""The room is the cube [-5, 5]^3; splats lie on its six walls."""
+ROOM_VIEWS = 12
+"""Views per GPU in the room measurement."""
+
+
+def train_lego(data: Path, views: int, gpus: int, out: Path) -> dict:
+    run_dir = out / "lego" / "bytesplat" / f"gpus{gpus}"
+    cmd = [
+        "ns-train", "bytesplat", "--data", str(data), "--max-num-iterations", str(views),
+        "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", "lego",
+        "--timestamp", f"gpus{gpus}", "--vis", "tensorboard", "--steps-per-eval-image", "0",
+        "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
+        "--pipeline.model.background-color", "white", "blender-data",
+    ]  # fmt: skip
+    print("$ " + " ".join(cmd), flush=True)
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"lego-gpus{gpus}.log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
+    evaluate = ["ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(run_dir / "eval.json")]
+    subprocess.run(evaluate, check=True, stdout=subprocess.DEVNULL)
+    test = json.loads((run_dir / "eval.json").read_text())["results"]
+    return {"gpus": gpus, "views": views, "wall_s": wall, "test_psnr": test["psnr"], "test_ssim": test["ssim"], **stats}
+
+
+def room_splats(n: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Raw (pre-activation) splat parameters, as the model holds them, on the room's six walls."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    uv = (torch.rand(n, 2, generator=g) * 2 - 1) * ROOM_HALF
+    wall = torch.randint(0, 6, (n,), generator=g)
+    axis, sign = wall // 2, (wall % 2) * 2 - 1
+    means = torch.empty(n, 3)
+    for a in range(3):
+        others = [b for b in range(3) if b != a]
+        pick = axis == a
+        means[pick, a] = sign[pick].float() * ROOM_HALF
+        means[pick.nonzero().squeeze(1)[:, None], torch.tensor(others)] = uv[pick]
+    raw = {
+        "means": means,
+        "scales": torch.full((n, 3), math.log(0.02)) + 0.3 * torch.randn(n, 3, generator=g),
+        "quats": torch.randn(n, 4, generator=g),
+        "features_dc": torch.randn(n, 3, generator=g),
+        "features_rest": 0.1 * torch.randn(n, 15, 3, generator=g),
+        "opacities": torch.randn(n, 1, generator=g),
+    }
+    return {k: v.to(device).requires_grad_() for k, v in raw.items()}
+
+
+def room_camera(seed: int, device: torch.device, width: int = 1920, height: int = 1080) -> RasterCamera:
+    """A camera inside the room, at a random point of its inner half, looking a random horizontal way."""
+    g = torch.Generator().manual_seed(seed)
+    position = (torch.rand(3, generator=g) - 0.5) * ROOM_HALF
+    yaw = float(torch.rand((), generator=g)) * 2 * math.pi
+    pitch = (float(torch.rand((), generator=g)) - 0.5) * 0.6
+    forward = torch.tensor([math.cos(yaw) * math.cos(pitch), math.sin(yaw) * math.cos(pitch), math.sin(pitch)])
+    right = torch.nn.functional.normalize(torch.cross(forward, torch.tensor([0.0, 0.0, 1.0]), dim=0), dim=0)
+    down = torch.cross(forward, right, dim=0)
+    rotation = torch.stack([right, down, forward])  # world -> camera (OpenCV axes)
+    viewmat = torch.eye(4)
+    viewmat[:3, :3], viewmat[:3, 3] = rotation, -rotation @ position
+    focal = 0.5 * width / math.tan(math.radians(35))  # 70 degrees across
+    K = torch.tensor([[focal, 0, width / 2], [0, focal, height / 2], [0, 0, 1.0]])
+    return RasterCamera(viewmat.to(device), K.to(device), width, height)
+
+
+def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> None:
+    """One GPU of the room measurement (`smoke`: a tiny CPU version over gloo, to check this script anywhere)."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if smoke:
+        device, backend, n, size = torch.device("cpu"), "torch", 3000, (96, 54)
+    else:
+        torch.cuda.set_device(rank)
+        device, backend, n, size = torch.device("cuda", rank), "gsplat", ROOM_SPLATS, (1920, 1080)
+    dist.init_process_group("gloo" if smoke else "nccl", init_method=init, rank=rank, world_size=world)
+    params = room_splats(n, seed=0, device=device)
+    names = list(params)
+    rows = []
+    for view in range(ROOM_VIEWS + 2):  # the first two warm up
+        camera = room_camera(1000 * view + rank, device, *size)
+        colors = torch.cat([params["features_dc"][:, None], params["features_rest"]], dim=1)
+        splats = Splats(params["means"], params["quats"], params["scales"].exp(),
+                        params["opacities"].sigmoid().squeeze(-1), colors)  # fmt: skip
+        out = rasterize(splats, camera, RasterizeOptions(sh_degree=3, backend=backend))
+        out.rgb.sub(0.5).abs().mean().backward()
+        grads = [params[n].grad for n in names]
+        visible = int(encode(torch.cat([g.reshape(n, -1) for g in grads], 1)).rows.numel())
+        row = {"visible": visible}
+        for label, half in (("fp32", False), ("fp16", True)):
+            trial = [g.clone() for g in grads]
+            sync = torch.cuda.synchronize if not smoke else (lambda: None)
+            sync()
+            start = time.perf_counter()
+            stats = average_sparse_rows(trial, half=half)
+            sync()
+            row[f"compact_{label}_ms"] = 1000 * (time.perf_counter() - start)
+            row[f"compact_{label}_bytes"] = stats.sent_bytes
+            row["dense_bytes"] = stats.dense_bytes
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        sync()
+        start = time.perf_counter()
+        dist.all_reduce(flat)
+        sync()
+        row["dense_ms"] = 1000 * (time.perf_counter() - start)
+        counts = [None] * world
+        dist.all_gather_object(counts, visible)
+        row["visible_all"] = counts
+        rows.append(row)
+        for p in params.values():
+            p.grad = None
+    if rank == 0:
+        Path(result).write_text(json.dumps(rows[2:]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_room(out: Path, smoke: bool = False) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "room.json"
+    init = f"file://{out}/room-init-{time.time_ns()}"
+    mp.spawn(_room_rank, args=(2, init, str(result), smoke), nprocs=2, join=True)
+    rows = json.loads(result.read_text())
+    dense = rows[0]["dense_bytes"]
+    n = dense // (59 * 4)
+    summary = {"splats": n, "image": "1920x1080", "views_per_gpu": len(rows), "dense_bytes": dense}
+    for label in ("fp32", "fp16"):
+        sent = sum(r[f"compact_{label}_bytes"] for r in rows) / len(rows)
+        summary[f"compact_{label}_bytes"] = sent
+        summary[f"reduction_{label}"] = 1 - sent / dense
+        summary[f"compact_{label}_ms_median"] = median(r[f"compact_{label}_ms"] for r in rows)
+    summary["dense_ms_median"] = median(r["dense_ms"] for r in rows)
+    summary["visible_fraction_mean"] = sum(sum(r["visible_all"]) for r in rows) / (2 * len(rows) * n)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
+    parser.add_argument("--views", type=int, default=7000)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-multi-gpu"))
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "multi_gpu.json")
+    parser.add_argument("--skip-lego", action="store_true")
+    parser.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny room on the CPU (gloo), no lego: checks the script"
+    )
+    args = parser.parse_args()
+    room = measure_room(args.out, smoke=args.cpu_smoke)
+    if args.cpu_smoke:
+        print(json.dumps(room, indent=2))
+        return
+    print(json.dumps(room, indent=2), flush=True)
+    record: dict = {"gpu": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}", "room_2m": room}
+    if not args.skip_lego:
+        two, one = (train_lego(args.data, args.views, gpus, args.out) for gpus in (2, 1))
+        record.update(
+            views_seen=args.views,
+            views_per_s_1gpu=one["views_per_second"],
+            views_per_s_2gpu=two["views_per_second"],
+            scaling_2gpu=two["views_per_second"] / one["views_per_second"],
+            psnr_1gpu=one["test_psnr"],
+            psnr_2gpu=two["test_psnr"],
+            lego_runs=[one, two],
+            comm_bytes_reduction_lego=two["exchange_reduction"],
+        )
+    record["comm_bytes_reduction"] = room["reduction_fp32"]
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\n{record['gpu']}")
+    print(f"room 2M splats, 1920x1080, 2 GPUs: visible {100 * room['visible_fraction_mean']:.1f}% per view; "
+          f"compacted fp32 {room['compact_fp32_bytes'] / 2**20:.1f} MiB ({100 * room['reduction_fp32']:.1f}% less), "
+          f"fp16 {room['compact_fp16_bytes'] / 2**20:.1f} MiB ({100 * room['reduction_fp16']:.1f}% less) vs dense "
+          f"{room['dense_bytes'] / 2**20:.1f} MiB; time {room['compact_fp32_ms_median']:.2f} / "
+          f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms")  # fmt: skip
+    if not args.skip_lego:
+        print(f"{'lego':<6} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
+        for run in sorted(record["lego_runs"], key=lambda r: r["gpus"]):
+            less = "-" if run["exchange_reduction"] is None else f"{100 * run['exchange_reduction']:.1f}%"
+            print(f"{run['gpus']} GPU  {run['views']:6d} {run['views_per_second']:8.1f} {run['test_psnr']:7.2f} "
+                  f"{less:>10} {run['wall_s']:7.0f}")  # fmt: skip
+        print(f"scaling 2 GPUs / 1 GPU: {record['scaling_2gpu']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""ByteSplat's pipeline: nerfstudio's VanillaPipeline without DDP, plus what several ranks need.
+
+DDP binds the parameter tensors that exist when it is built, and densification replaces them, so a splat
+model cannot live in DDP. Here every rank holds the whole model; the ranks stay identical because
+- they start identical (`broadcast_from_rank0`, after any checkpoint is loaded),
+- their gradients are averaged between backward and the optimizer step (`average_gradients`): the splat
+  parameters through sparse-gradient compaction (grad_compaction.py), the rest (camera optimizer,
+  bilateral grid) through one dense all-reduce,
+- densification reads statistics reduced over the ranks and seeded draws (strategy.py).
+With one process all of this is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from nerfstudio.pipelines.base_pipeline import Pipeline, VanillaPipeline, VanillaPipelineConfig
+
+from bytesplat_ns.grad_compaction import ExchangeStats, average_dense, average_sparse_rows
+from bytesplat_ns.input_checks import BadInputError
+
+
+@dataclass
+class ByteSplatPipelineConfig(VanillaPipelineConfig):
+    _target: type = field(default_factory=lambda: ByteSplatPipeline)
+    half_precision_exchange: bool = False
+    """Send the compacted gradient values as float16 (half the bytes; the sum is formed in float32)."""
+
+
+class ByteSplatPipeline(VanillaPipeline):
+    config: ByteSplatPipelineConfig
+
+    def __init__(
+        self,
+        config: ByteSplatPipelineConfig,
+        device: str,
+        test_mode: Literal["test", "val", "inference"] = "val",
+        world_size: int = 1,
+        local_rank: int = 0,
+        grad_scaler: torch.amp.GradScaler | None = None,
+    ):
+        Pipeline.__init__(self)  # VanillaPipeline's own __init__ would wrap the model in DDP
+        self.config, self.test_mode, self.world_size = config, test_mode, world_size
+        self.datamanager = config.datamanager.setup(
+            device=device, test_mode=test_mode, world_size=world_size, local_rank=local_rank
+        )
+        metadata = getattr(self.datamanager, "train_dataparser_outputs", None)
+        metadata = metadata.metadata if metadata is not None else {}
+        seed_points = (metadata["points3D_xyz"], metadata["points3D_rgb"]) if "points3D_xyz" in metadata else None
+        self.datamanager.to(device)
+        dataset = self.datamanager.train_dataset
+        if dataset is None:
+            raise BadInputError("The datamanager has no training images.")
+        self._model = config.model.setup(
+            scene_box=dataset.scene_box,
+            num_train_data=len(dataset),
+            metadata=dataset.metadata,
+            device=device,
+            grad_scaler=grad_scaler,
+            seed_points=seed_points,
+        )
+        self.model.to(device)
+        self.model.strategy.distributed = world_size > 1
+        self.last_exchange: ExchangeStats | None = None
+
+    def broadcast_from_rank0(self) -> None:
+        """Make every rank's model rank 0's: the splat count is checked, then every tensor is broadcast."""
+        model = self.model
+        counts = [None] * self.world_size
+        dist.all_gather_object(counts, model.num_points)
+        if len(set(counts)) > 1:
+            raise BadInputError(
+                f"The ranks built different splat counts {counts}: they read different scenes or checkpoints. "
+                "Every rank needs the same --data (and --load-dir) on every machine."
+            )
+        device = model.means.device  # NCCL moves device tensors only; host-side metric state is identical anyway
+        for tensor in model.state_dict().values():
+            if torch.is_tensor(tensor) and tensor.device == device:
+                dist.broadcast(tensor, src=0)
+
+    def average_gradients(self, note: int = 0) -> ExchangeStats:
+        """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest.
+        `note` travels with the exchange (see run_control.py); every rank's note is in the returned stats."""
+        splat_params = list(self.model.gauss_params.values())
+        splat_ids = {id(p) for p in splat_params}
+        for param in splat_params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        stats = average_sparse_rows([p.grad for p in splat_params], half=self.config.half_precision_exchange,
+                                    note=note)  # fmt: skip
+        others = [p for group in self.get_param_groups().values() for p in group if id(p) not in splat_ids]
+        for param in others:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        average_dense([p.grad for p in others])
+        self.last_exchange = stats
+        return stats

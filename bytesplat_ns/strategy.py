@@ -1,0 +1,75 @@
+"""Densification that stays identical on every rank: gsplat's DefaultStrategy (splatfacto's), plus three things.
+
+1. Before each refine, the statistics it reads are reduced over the ranks: the 2D-mean gradient sums and
+   the visibility counts are summed, the largest screen radii maxed. Every rank then decides on the same
+   numbers, as if one GPU had seen all the ranks' views.
+2. The random draws of a refine (where split splats land) come from a generator seeded by the run's seed
+   and the step, the same on every rank and independent of what the ranks drew before.
+3. After every refine the ranks compare their splat counts; a mismatch stops training with an error
+   instead of drifting silently.
+The reduction and the check are the only collectives, and they run at refine steps only. With one process
+(no process group) only point 2 applies.
+
+The hooks are DefaultStrategy's `_grow_gs` and `_prune_gs` (gsplat 1.4.0), which run in that order at each
+refine step, before the statistics are reset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from gsplat.strategy import DefaultStrategy
+
+
+class SplatCountMismatchError(RuntimeError):
+    """Ranks hold different numbers of splats after a refine."""
+
+
+@dataclass
+class ByteSplatStrategy(DefaultStrategy):
+    seed: int = 42
+    """Seeds each refine's random draws (with the step)."""
+    distributed: bool = False
+    """Reduce the statistics over the default process group and check splat counts after each refine."""
+
+    @torch.no_grad()
+    def _grow_gs(self, params, optimizers, state, step):
+        if self.distributed:
+            reduce_statistics(state)
+        devices = [params["means"].device] if params["means"].is_cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed * 1_000_003 + step)
+            return super()._grow_gs(params, optimizers, state, step)
+
+    @torch.no_grad()
+    def _prune_gs(self, params, optimizers, state, step):
+        pruned = super()._prune_gs(params, optimizers, state, step)
+        if self.distributed:
+            check_equal_counts(len(params["means"]), step)
+        return pruned
+
+
+def reduce_statistics(state: dict) -> None:
+    """Sum grad2d and count, max radii, over all ranks (in place)."""
+    summed = torch.stack([state["grad2d"], state["count"]])  # [2, N]
+    dist.all_reduce(summed)
+    state["grad2d"].copy_(summed[0])
+    state["count"].copy_(summed[1])
+    if state.get("radii") is not None:
+        dist.all_reduce(state["radii"], op=dist.ReduceOp.MAX)
+
+
+def check_equal_counts(count: int, step: int) -> None:
+    """Raise SplatCountMismatchError unless every rank holds `count` splats (one host sync)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    local = torch.tensor([count], device=device)
+    counts = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, local)
+    counts = [int(c) for c in counts]
+    if len(set(counts)) > 1:
+        raise SplatCountMismatchError(
+            f"After the refine at step {step} the ranks hold different splat counts {counts}; their splats have "
+            "diverged. This is a bug: please report it with the command you ran."
+        )

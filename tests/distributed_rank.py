@@ -1,0 +1,117 @@
+"""One rank of a gloo (CPU) multi-process bytesplat training, as nerfstudio's launcher would run it on GPUs.
+
+nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
+themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
+[--load-dir DIR]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat count
+after every step and its final parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
+
+from bytesplat_method_configs import bytesplat
+from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
+
+PAUSE_S = 3.0
+SCENE = DemoSceneConfig(width=32, height=24, num_train=7, num_eval=2, num_points=300, seed=11)
+
+
+def scene_path(root: Path) -> Path:
+    """The test scene (written once by the test, before the ranks start)."""
+    path = root / "scene"
+    if not (path / "transforms.json").exists():
+        generate_demo_scene(path, SCENE)
+    return path
+
+
+def rank_config(root: Path, views: int, load_dir: Path | None = None):
+    """The bytesplat config of the test run; counts are in views (the trainer converts them to steps)."""
+    config = copy.deepcopy(bytesplat.config)
+    config.pipeline.datamanager.data = scene_path(root)
+    config.machine.device_type = "cpu"
+    config.max_num_iterations = views
+    config.output_dir = root / "out"
+    config.experiment_name, config.timestamp = "dist", "run"
+    config.vis = "tensorboard"
+    config.steps_per_eval_all_images = 0
+    config.steps_per_eval_image = 0
+    config.steps_per_save = views
+    config.summary_eval = False
+    config.nonfinite_check_every = 10
+    config.load_dir = load_dir
+    model = config.pipeline.model
+    model.num_downscales = 0
+    model.warmup_length = 8
+    model.refine_every = 8
+    model.reset_alpha_every = 4
+    model.sh_degree_interval = 16
+    model.stop_split_at = views
+    model.densify_grad_thresh = 1e-5  # a tiny scene: make sure refines duplicate and split
+    return config
+
+
+def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, signal_at: tuple[int, int] | None = None,
+             load_dir: Path | None = None, pause_at: int | None = None) -> None:  # fmt: skip
+    """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
+    SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S later."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    config = rank_config(root, views, load_dir)
+    config.machine.num_devices = world
+    trainer = config.setup(local_rank=rank, world_size=world)
+    trainer.setup()
+    counts: list[int] = []
+    times: list[float] = []
+    model = trainer.pipeline.model
+    model.strategy.verbose = False
+
+    def after_step(step: int) -> None:  # runs after the model's own densification callback
+        counts.append(model.num_points)
+        times.append(time.monotonic())
+        if rank == 0 and step == pause_at:
+            trainer.training_state = "paused"  # what the viewer's pause button does
+            threading.Timer(PAUSE_S, lambda: setattr(trainer, "training_state", "training")).start()
+        if signal_at is not None and step == signal_at[0]:
+            os.kill(os.getpid(), signal_at[1])
+
+    trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], after_step))
+    trainer.train()
+    params = {name: p.detach().clone() for name, p in model.gauss_params.items()}
+    record = {
+        "counts": counts,
+        "times": times,
+        "params": params,
+        "start_step": trainer._start_step,
+        "step": trainer.step,
+    }
+    torch.save(record, root / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rank", type=int)
+    parser.add_argument("world", type=int)
+    parser.add_argument("init_file")
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--views", type=int, default=48)
+    parser.add_argument("--signal-at", type=int, nargs=2, default=None, metavar=("STEP", "SIGNAL"))
+    parser.add_argument("--load-dir", type=Path, default=None)
+    parser.add_argument("--pause-at", type=int, default=None)
+    args = parser.parse_args()
+    signal_at = tuple(args.signal_at) if args.signal_at else None
+    run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Multi-process bytesplat training over gloo on the CPU: ranks stay identical, a dead rank stops the others,
+checkpoints move between GPU counts, and the views-per-step rule."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bytesplat_method_configs import bytesplat
+from bytesplat_ns.view_schedule import per_step_views, resumed_start_step, views_to_steps
+from tests.distributed_rank import PAUSE_S, rank_config, scene_path
+
+REPO = Path(__file__).resolve().parents[1]
+VIEWS = 48
+"""Training views of the 2-rank run (24 steps of 2 views); refines every 8 views from view 8."""
+RANK_TIMEOUT_S = 300
+DEAD_RANK_EXIT_S = 60
+
+
+def start_ranks(root: Path, world: int, *extra: str, signal_at: dict[int, tuple[int, int]] | None = None
+                ) -> list[subprocess.Popen]:  # fmt: skip
+    scene_path(root)  # written once, before the ranks start
+    init_file = root / f"init-{time.monotonic_ns()}"
+    procs = []
+    for rank in range(world):
+        args = [sys.executable, "-m", "tests.distributed_rank", str(rank), str(world), str(init_file), str(root),
+                *extra]  # fmt: skip
+        if signal_at and rank in signal_at:
+            args += ["--signal-at", *map(str, signal_at[rank])]
+        procs.append(
+            subprocess.Popen(
+                args,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", OMP_NUM_THREADS="1"),
+            )  # fmt: skip
+        )
+    return procs
+
+
+def finish(procs: list[subprocess.Popen]) -> list[str]:
+    outputs = [p.communicate(timeout=RANK_TIMEOUT_S)[0] for p in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    finish(start_ranks(root, 2, "--views", str(VIEWS)))
+    return root
+
+
+def test_ranks_hold_equal_splat_counts_after_every_step(two_ranks):
+    counts = [torch.load(two_ranks / f"rank{r}.pt")["counts"] for r in range(2)]
+    assert counts[0] == counts[1]
+    assert len(counts[0]) == VIEWS // 2
+    assert len(set(counts[0])) > 1, f"no refine changed the splat count: {counts[0]}"
+
+
+def test_parameters_equal_across_ranks_at_the_end(two_ranks):
+    params = [torch.load(two_ranks / f"rank{r}.pt")["params"] for r in range(2)]
+    for name in params[0]:
+        assert torch.equal(params[0][name], params[1][name]), name
+        assert torch.isfinite(params[0][name]).all(), name
+
+
+def test_only_rank0_writes_the_checkpoint_and_it_resumes_on_one_process(two_ranks, tmp_path):
+    ckpt_dir = two_ranks / "out" / "dist" / "bytesplat" / "run" / "nerfstudio_models"
+    saved = sorted(ckpt_dir.glob("*.ckpt"))
+    assert [p.name for p in saved] == [f"step-{VIEWS // 2 - 1:09d}.ckpt"]
+    state = torch.load(saved[0], map_location="cpu", weights_only=False)
+    assert state["pipeline"]["_model._extra_state"]["views_per_step"] == 2
+
+    config = rank_config(two_ranks, views=8, load_dir=ckpt_dir)
+    config.output_dir = tmp_path / "resumed"
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    assert trainer._start_step == VIEWS  # 24 steps of 2 views = 48 views = step 48 of 1 view
+    final = torch.load(two_ranks / "rank0.pt")["params"]
+    assert torch.equal(trainer.pipeline.model.means.detach(), final["means"])
+    lr = trainer.optimizers.optimizers["opacities"].param_groups[0]["lr"]
+    assert lr == pytest.approx(config.optimizers["opacities"]["optimizer"].lr)  # 1-GPU rate, not sqrt(2) times it
+    trainer.train()
+    assert trainer.step == VIEWS + 8 - 1
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_dead_or_hung_rank_stops_the_others_with_a_message(tmp_path, how):
+    """Killed: the collective fails at once. Hung (SIGSTOP): the collective waits, the watchdog sees no heartbeat."""
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+    procs = start_ranks(tmp_path, 2, "--views", "400", signal_at={1: (6, int(sig))})
+    try:
+        if how == "killed":
+            procs[1].wait(timeout=RANK_TIMEOUT_S)
+        else:
+            while not _stopped(procs[1].pid):
+                assert procs[1].poll() is None
+                time.sleep(0.2)
+        since = time.monotonic()
+        out = procs[0].communicate(timeout=RANK_TIMEOUT_S)[0]
+        waited = time.monotonic() - since
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
+    assert procs[0].returncode != 0
+    assert waited < DEAD_RANK_EXIT_S, waited
+    expected = "other ranks exited first" if how == "killed" else "rank 1 has sent no heartbeat"
+    assert expected in " ".join(out.split()), out[-3000:]
+
+
+def test_rank0_pause_and_stop_reach_every_rank(tmp_path):
+    """Rank 0 pauses (as its viewer would) after step 4 and gets Ctrl-C after step 9. The requests travel with the
+    next step's gradient exchange, so both ranks pause after step 5, resume together, and stop after step 10,
+    with rank 0 writing the final checkpoint."""
+    procs = start_ranks(tmp_path, 2, "--views", "400", "--pause-at", "4", signal_at={0: (9, int(signal.SIGINT))})
+    finish(procs)
+    records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for record in records:
+        gaps = [b - a for a, b in zip(record["times"], record["times"][1:])]
+        paused_after = [i for i, gap in enumerate(gaps) if gap > PAUSE_S * 0.8]
+        assert paused_after == [5], gaps
+    assert [r["step"] for r in records] == [10, 10]
+    assert len(records[0]["counts"]) == len(records[1]["counts"]) == 11
+    ckpts = list((tmp_path / "out" / "dist" / "bytesplat" / "run" / "nerfstudio_models").glob("*.ckpt"))
+    assert [p.name for p in ckpts] == [f"step-{10:09d}.ckpt"]
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T")
+
+
+def test_views_per_step_rule():
+    config = per_step_views(bytesplat.config, 4)
+    assert config.max_num_iterations == 30000 // 4
+    assert config.pipeline.model.refine_every == 25 and config.pipeline.model.views_per_step == 4
+    base = bytesplat.config.optimizers["means"]
+    means = config.optimizers["means"]
+    assert means["optimizer"].lr == pytest.approx(2 * base["optimizer"].lr)
+    assert means["scheduler"].lr_final == pytest.approx(2 * base["scheduler"].lr_final)
+    assert means["scheduler"].max_steps == base["scheduler"].max_steps // 4
+    assert bytesplat.config.max_num_iterations == 30000  # the saved config keeps views
+    assert per_step_views(bytesplat.config, 1) is bytesplat.config
+    assert views_to_steps(0, 3) == 0 and views_to_steps(1, 3) == 1
+    assert resumed_start_step(100, 2, 4) == 50 and resumed_start_step(100, 4, 1) == 400
