@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -12,10 +14,20 @@ import pytest
 import torch
 from PIL import Image
 
-from bytesplat_ns.compare.cli import main
+from bytesplat_ns.compare.cli import main, run_specs
+from bytesplat_ns.compare.lanes import (
+    assign_pairs,
+    cuda_visible_devices,
+    devices_problem,
+    parse_devices,
+    plan_lanes,
+    run_lanes,
+)
 from bytesplat_ns.compare.limits import KEEP, RETAIN, Limit, decide, parse_limits
-from bytesplat_ns.compare.records import CurvePoint, RunRecord, RunSpec, StudyConfig, ViewMetrics
+from bytesplat_ns.compare.records import CurvePoint, RunRecord, RunSpec, StudyConfig, ViewMetrics, write_json
 from bytesplat_ns.compare.report import write_report
+from bytesplat_ns.compare.resume import MAY_CHANGE, OPTION_OF, STUDY_FILE, earlier_study_problem, reusable
+from bytesplat_ns.compare.runner import worker_env
 from bytesplat_ns.compare.stats import (
     Derived,
     derived_quantities,
@@ -178,6 +190,16 @@ def test_report_from_hand_made_records(tmp_path):
     assert interrupted["verdict"] == RETAIN and "the study was interrupted: 3 of 4 runs made" in interrupted["reasons"]
     assert interrupted["metrics"]["psnr"]["diff"]["n"] == 1
 
+    # --devices 0,1: the set-up says how runs were spread; a pair whose two runs had different GPUs is not fair
+    study.lanes = [[0], [1]]
+    for run, gpus in zip(runs, ([0], [0], [1], [1])):
+        run.gpus = gpus
+    spread = write_report(study, runs)
+    assert spread["verdict"] == KEEP and spread["study"]["lanes"] == [[0], [1]]
+    assert "- Pairs ran concurrently on 2 lanes: GPUs 0 | 1 (" in (tmp_path / "report.md").read_text()
+    runs[3].gpus = [0]
+    assert "seed 2: the two runs had different GPUs (GPU 1 and GPU 0)" in write_report(study, runs)["reasons"]
+
 
 def test_cli_refuses_bad_limits_and_options_it_sets(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -204,7 +226,7 @@ def test_training_clock_keeps_evaluation_out_of_training_time():
         time.sleep(0.2)
         return [ViewMetrics("a.png", 20.0 + len(evaluations), 0.5, None, "", "")]
 
-    clock = TrainingClock(spec, 0, lambda: slow_evaluation(False), lambda: slow_evaluation(True))
+    clock = TrainingClock(spec, 0, spec.steps, lambda: slow_evaluation(False), lambda: slow_evaluation(True))
     for step in range(5):
         clock.before_step(step)
         time.sleep(0.02)
@@ -239,6 +261,129 @@ def test_lpips_stand_in_only_without_weights(monkeypatch, tmp_path):
     assert math.isnan(float(value))  # reported as null
 
 
+# -- --devices lanes and resuming, without training ------------------------------------------------
+def test_lanes_and_pair_assignment():
+    assert parse_devices("0, 1") == [0, 1]
+    assert plan_lanes([0, 1], 1) == [[0], [1]] and plan_lanes([3, 1], 1) == [[3], [1]]
+    assert plan_lanes([0, 1, 2, 3], 2) == [[0, 1], [2, 3]] and plan_lanes([0, 1], 2) == [[0, 1]]
+    assert assign_pairs(3, 2) == [[0, 2], [1]] and assign_pairs(1, 2) == [[0], []]
+    assert assign_pairs(5, 3) == [[0, 3], [1, 4], [2]] and assign_pairs(4, 1) == [[0, 1, 2, 3]]
+    for num_pairs in range(1, 9):
+        for num_lanes in range(1, 5):
+            lanes = assign_pairs(num_pairs, num_lanes)
+            assert sorted(sum(lanes, [])) == list(range(num_pairs))  # every pair once
+            assert max(map(len, lanes)) == math.ceil(num_pairs / num_lanes)  # the longest lane is as short as can be
+            assert all(lane == sorted(lane) for lane in lanes)
+
+    study = StudyConfig("scene", "splatfacto", "bytesplat", 10, [7, 8, 9], 5, "cuda", 1, "speedup>=1", [], "/out",
+                        lanes=[[0], [1]])  # fmt: skip
+    specs = run_specs(study)
+    assert [(s.seed, s.role, s.gpus) for s in specs] == [
+        (7, "baseline", [0]), (7, "candidate", [0]), (8, "baseline", [1]), (8, "candidate", [1]),
+        (9, "baseline", [0]), (9, "candidate", [0]),
+    ]  # fmt: skip
+
+
+def test_worker_cuda_visible_devices(monkeypatch):
+    assert cuda_visible_devices([1], None) == "1" and cuda_visible_devices([0, 1], "") == "0,1"
+    assert cuda_visible_devices([0, 1], "4,5,6") == "4,5"  # GPU 0 here is the inherited list's first
+    assert cuda_visible_devices([1], "GPU-aaa, GPU-bbb") == "GPU-bbb"
+    with pytest.raises(ValueError, match="GPU 3 is not among CUDA_VISIBLE_DEVICES=4,5"):
+        cuda_visible_devices([3], "4,5")
+
+    spec = RunSpec("bytesplat", "baseline", 0, 0, "scene", steps=5, eval_every=2, device="cuda", num_devices=1,
+                   extra_args=[], output_dir="out", run_dir="out/run", gt_dir="out/gt")  # fmt: skip
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert worker_env(spec)[0]["CUDA_VISIBLE_DEVICES"] == "2,3"  # no --devices: left as it is
+    spec.gpus = [1]
+    assert worker_env(spec)[0]["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert worker_env(spec)[0]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_run_lanes_side_by_side_each_in_order():
+    both_started = threading.Barrier(2, timeout=10)  # broken (an error) if the lanes ran one after the other
+    done: list[tuple[str, int]] = []
+
+    def run(item: tuple[str, int]) -> None:
+        if item[1] == 0:
+            both_started.wait()
+        time.sleep(0.01)
+        done.append(item)
+
+    run_lanes([[("a", 0), ("a", 1), ("a", 2)], [("b", 0), ("b", 1)]], run)
+    assert [i for i in done if i[0] == "a"] == [("a", 0), ("a", 1), ("a", 2)]
+    assert [i for i in done if i[0] == "b"] == [("b", 0), ("b", 1)]
+
+    started = []
+    slow_started = threading.Event()
+
+    def fail_fast(item: str) -> None:
+        started.append(item)
+        if item == "boom":
+            slow_started.wait(timeout=10)
+            raise RuntimeError("boom")
+        slow_started.set()
+        time.sleep(0.5)  # in progress when the other lane fails: it ends, and nothing after it starts
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_lanes([["boom"], ["slow", "never"]], fail_fast)
+    assert sorted(started) == ["boom", "slow"]
+
+
+def test_cli_refuses_bad_devices(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    common = ["--data", str(tmp_path), "--output", str(out)]
+    errors = {
+        ("--devices", "0,1", "--device", "cpu"): "--device is cpu: use --device cuda, or leave out --devices",
+        ("--devices", "0,x", "--device", "cuda"): "'x' is not a GPU index; write indices like 0,1",
+        ("--devices", "0,0", "--device", "cuda"): "--devices 0,0 lists GPU 0 more than once",
+        ("--devices", "0,2", "--device", "cuda"): "no GPU 2 here; this process sees 2 GPU(s) (0-1): list only those",
+        ("--devices", "1", "--device", "cuda", "--num-devices", "2"): "fewer GPUs than --num-devices 2",
+    }
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for args, message in errors.items():
+        with pytest.raises(SystemExit) as exit_info:
+            main([*common, *args])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, args
+    assert not out.exists()
+    assert "would leave GPU 2 unused with --num-devices 2" in devices_problem([0, 1, 2], 2, "cuda", 4)
+    assert "sees no GPU; leave out --devices to run on the CPU" in devices_problem([0], 1, "auto", 0)
+    assert devices_problem([1, 0], 1, "cuda", 2) is None
+
+
+def test_resume_rules(tmp_path):
+    assert set(OPTION_OF) | set(MAY_CHANGE) == {f.name for f in dataclasses.fields(StudyConfig)}
+    study = StudyConfig(str(tmp_path / "scene"), "splatfacto", "bytesplat", 10, [7], 5, "cpu", 1, "speedup>=1", [],
+                        str(tmp_path))  # fmt: skip
+    assert earlier_study_problem(tmp_path, study) is None  # no earlier study
+    write_json(tmp_path / STUDY_FILE, dataclasses.asdict(study))
+    moved = dataclasses.replace(study, output="/elsewhere", run_timeout_s=60.0, lanes=[[0]])
+    assert earlier_study_problem(tmp_path, moved) is None  # only how and where runs are made changed
+    other = dataclasses.replace(study, steps=20, extra_args=["--pipeline.model.sh-degree", "1"])
+    problem = earlier_study_problem(tmp_path, other)
+    assert "--steps: 10 there, 20 now; ns-train options (after --): (none) there, --pipeline.model.sh-degree 1 now" in (
+        problem
+    )
+    assert f"choose another --output, or delete {tmp_path} to start this study there" in problem
+    (tmp_path / STUDY_FILE).write_text("{not json")
+    assert "cannot be read as a study" in earlier_study_problem(tmp_path, study)
+
+    spec = run_specs(study)[0]
+    run_dir = Path(spec.run_dir)
+    assert reusable(spec) == (None, "")  # never started
+    run_dir.mkdir(parents=True)
+    assert reusable(spec) == (None, "an earlier attempt did not finish")
+    record = RunRecord(spec.method, spec.role, spec.seed, spec.pair, status="ok", steps=10, psnr=20.0)
+    write_json(run_dir / "record.json", record.to_dict())
+    assert reusable(spec)[0].psnr == 20.0
+    for change, why in [({"steps": 4}, "stopped after 4 of 10 steps"), ({"status": "failed"}, "attempt failed")]:
+        write_json(run_dir / "record.json", dataclasses.replace(record, **change).to_dict())
+        assert reusable(spec)[0] is None and why in reusable(spec)[1]
+    (run_dir / "record.json").write_text("")
+    assert "earlier record cannot be read" in reusable(spec)[1]
+
+
 # -- short CPU studies ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory) -> Path:
@@ -257,9 +402,15 @@ def run_cpu_study(scene, out, baseline: str, steps: int, eval_every: int):
     return out
 
 
+@pytest.fixture(scope="module")
+def aa_study(scene, tmp_path_factory) -> Path:
+    """An A/A study (bytesplat against itself, 30 steps), made once for the tests that read it."""
+    return run_cpu_study(scene, tmp_path_factory.mktemp("aa") / "aa", baseline="bytesplat", steps=30, eval_every=10)
+
+
 @pytest.mark.slow
-def test_a_a_study_end_to_end(scene, tmp_path):
-    out = run_cpu_study(scene, tmp_path / "aa", baseline="bytesplat", steps=30, eval_every=10)
+def test_a_a_study_end_to_end(aa_study):
+    out = aa_study
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] in (KEEP, RETAIN) and report["reasons"]
     assert len(report["heldout_views"]) == SCENE.num_eval
@@ -289,8 +440,36 @@ def test_a_a_study_end_to_end(scene, tmp_path):
     assert report["derived"]["psnr_drop"]["value"] == pytest.approx(0.0, abs=1e-4)
 
 
+def run_files(out: Path) -> dict[str, int]:
+    """Every file under the study's runs/ -> its modification time [ns]."""
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted((out / "runs").rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow
-def test_failed_baseline_is_recorded_and_retains_it(scene, tmp_path):
+def test_same_study_again_reuses_its_runs_and_another_is_refused(scene, aa_study, capsys):
+    out = aa_study
+    before, report = run_files(out), json.loads((out / "report.json").read_text())
+    (out / "report.md").unlink()
+    capsys.readouterr()
+
+    run_cpu_study(scene, out, baseline="bytesplat", steps=30, eval_every=10)
+    printed = capsys.readouterr().out
+    assert printed.count("reused ") == 2 and "[1/" not in printed  # nothing trained
+    assert run_files(out) == before  # records, specs (launch times), logs and renders untouched
+    assert (out / "report.md").is_file()  # the report is rebuilt from the records
+    again = json.loads((out / "report.json").read_text())
+    assert again["runs"] == report["runs"] and again["verdict"] == report["verdict"]
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cpu_study(scene, out, baseline="bytesplat", steps=31, eval_every=10)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "holds a study with another set-up (--steps: 30 there, 31 now)" in err
+    assert f"choose another --output, or delete {out} to start this study there" in err
+    assert run_files(out) == before  # nothing deleted
+
+
+@pytest.mark.slow
+def test_failed_baseline_is_recorded_and_retains_it(scene, tmp_path, capsys):
     out = run_cpu_study(scene, tmp_path / "sf", baseline="splatfacto", steps=5, eval_every=5)
     report = json.loads((out / "report.json").read_text())
     baseline, candidate = report["runs"]
@@ -299,3 +478,16 @@ def test_failed_baseline_is_recorded_and_retains_it(scene, tmp_path):
     assert report["verdict"] == RETAIN
     assert any(r.startswith("run failed: baseline splatfacto seed 42") for r in report["reasons"])
     assert "Error of baseline splatfacto" in (out / "report.md").read_text()
+
+    # the same study again: the failed run is made again, the finished one is reused
+    launched = {role: json.loads((out / run["run_dir"] / "spec.json").read_text())["launched_at"]
+                for role, run in zip(("baseline", "candidate"), report["runs"])}  # fmt: skip
+    capsys.readouterr()
+    run_cpu_study(scene, out, baseline="splatfacto", steps=5, eval_every=5)
+    printed = capsys.readouterr().out
+    assert "[1/1] baseline splatfacto, seed 42, 5 steps on cpu; again: its earlier attempt failed" in printed
+    assert "reused candidate bytesplat seed 42" in printed
+    again = json.loads((out / "report.json").read_text())
+    for role, run in zip(("baseline", "candidate"), again["runs"]):
+        relaunched = json.loads((out / run["run_dir"] / "spec.json").read_text())["launched_at"] != launched[role]
+        assert relaunched == (role == "baseline"), role

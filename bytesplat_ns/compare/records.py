@@ -43,6 +43,9 @@ class RunSpec:
     """Study-wide folder for the held-out ground-truth PNGs (written once, by the first run that gets there)."""
     launched_at: float = 0.0
     """time.time() just before the runner started the worker process [s since the epoch]."""
+    gpus: list[int] | None = None
+    """GPUs of the run's lane (--devices, numbered as bytesplat-compare sees them), given to the worker through
+    CUDA_VISIBLE_DEVICES; None: no --devices, the environment is left as it is."""
 
 
 @dataclass
@@ -118,7 +121,7 @@ class RunRecord:
     splats: int | None = None
     """Number of Gaussians at the end."""
     bytes_exchanged: int | None = None
-    """Bytes exchanged between GPUs in multi-GPU runs; None (multi-GPU runs are not implemented yet)."""
+    """Multi-GPU runs: bytes rank 0 sent in the gradient exchanges over the whole run; None with one process."""
     time_to_target: float | None = None
     """Training wall time [s] at which held-out PSNR first reached the same seed's baseline final PSNR; None if never.
     For the baseline itself: the time it first reached its own final PSNR. Filled in by the report."""
@@ -126,6 +129,8 @@ class RunRecord:
     """The target used for time_to_target: the final PSNR of the baseline with the same seed [dB]."""
     wall_s: float | None = None
     """Whole worker process, start to exit [s], as the runner saw it."""
+    gpus: list[int] | None = None
+    """GPUs the run was given (its lane's, see RunSpec.gpus); None: no --devices."""
     curve: list[CurvePoint] = field(default_factory=list)
     """Held-out PSNR against training wall time, every eval_every steps and after the last step."""
     views: list[ViewMetrics] = field(default_factory=list)
@@ -190,3 +195,6 @@ class StudyConfig:
     """Views where the candidate's PSNR is lower by more than this [dB] (same seed) are shown side by side."""
     run_timeout_s: float | None = None
     """A run taking longer than this [s] is stopped and recorded as failed; None: no limit."""
+    lanes: list[list[int]] | None = None
+    """GPUs of each lane (--devices in groups of --num-devices); pair i ran on lane i % len(lanes), the lanes side by
+    side. None: no --devices, one run at a time in the environment as it is."""

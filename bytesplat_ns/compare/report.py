@@ -4,6 +4,7 @@ side-by-side pictures of the views where the candidate is worse."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from bytesplat_ns.compare.stats import (
 )
 
 PLOT = "psnr_vs_time.png"
+WORSE_VIEWS = "worse_views"
+"""Folder of the side-by-side pictures; it holds only those of the latest report."""
 UNITS = {
     "psnr": ("dB", "{:.2f}"),
     "ssim": ("", "{:.4f}"),
@@ -53,6 +56,10 @@ def failure_lines(runs: Sequence[RunRecord]) -> list[str]:
     return lines
 
 
+def _gpus(gpus: list[int] | None) -> str:
+    return "no --devices" if gpus is None else "GPU " + ",".join(map(str, gpus))
+
+
 def fairness_problems(pairs: Sequence[Pair], steps: int, planned: int | None = None) -> list[str]:
     """Runs missing (an interrupted study) and differences within a pair other than the method."""
     done = sum((p.baseline is not None) + (p.candidate is not None) for p in pairs)
@@ -62,6 +69,9 @@ def fairness_problems(pairs: Sequence[Pair], steps: int, planned: int | None = N
             continue
         if pair.baseline.heldout_views != pair.candidate.heldout_views:
             problems.append(f"seed {pair.seed}: the two runs saw different held-out views")
+        if pair.baseline.gpus != pair.candidate.gpus:
+            gpus = [_gpus(run.gpus) for run in (pair.baseline, pair.candidate)]
+            problems.append(f"seed {pair.seed}: the two runs had different GPUs ({gpus[0]} and {gpus[1]})")
         for run in (pair.baseline, pair.candidate):
             if run.steps != steps:
                 problems.append(f"{run.label} stopped after {run.steps} of {steps} steps")
@@ -78,8 +88,9 @@ def build_report(study: StudyConfig, runs: Sequence[RunRecord], planned: int | N
     problems = fairness_problems(pairs, study.steps, planned)
     verdict = decide(parse_limits(study.limits), derived, failure_lines(runs), problems)
     worse = worse_views(pairs, study.worse_db)
+    shutil.rmtree(output / WORSE_VIEWS, ignore_errors=True)  # an earlier report's pictures (a resumed study)
     for item in worse:
-        picture = Path("worse_views") / f"seed{item['seed']}-{Path(item['view']).stem}.png"
+        picture = Path(WORSE_VIEWS) / f"seed{item['seed']}-{Path(item['view']).stem}.png"
         images = [output / item["gt"], output / item["baseline_render"], output / item["candidate_render"]]
         side_by_side(images, ["ground truth", study.baseline, study.candidate], output / picture)
         item["side_by_side"] = str(picture)
@@ -100,6 +111,18 @@ def build_report(study: StudyConfig, runs: Sequence[RunRecord], planned: int | N
     }
 
 
+def _lanes_lines(lanes: list[list[int]] | None) -> list[str]:
+    """How the runs were spread over GPUs (--devices), for the set-up section; nothing without --devices."""
+    if not lanes:
+        return []
+    gpus = " | ".join(",".join(map(str, lane)) for lane in lanes)
+    how = f"concurrently on {len(lanes)} lanes" if len(lanes) > 1 else "on 1 lane"
+    return [
+        f"- Pairs ran {how}: GPUs {gpus} (pair i on lane i mod {len(lanes)}; within a lane baseline then "
+        "candidate, both on the lane's GPUs, given through CUDA_VISIBLE_DEVICES)"
+    ]
+
+
 def markdown(report: dict) -> str:
     study = report["study"]
     base, cand = study["baseline"], study["candidate"]
@@ -113,6 +136,7 @@ def markdown(report: dict) -> str:
         f"- Scene: `{study['data']}`",
         f"- Baseline `{base}`, candidate `{cand}`; {study['steps']} steps, seeds {study['seeds']} (one pair per seed, "
         f"run baseline, candidate, baseline, ...); device {study['device']} x {study['num_devices']}",
+        *_lanes_lines(study.get("lanes")),
         f"- Extra ns-train options (both methods): `{' '.join(study['extra_args']) or '(none)'}`",
         f"- Held-out PSNR evaluated every {study['eval_every']} steps and after the last; evaluation time is "
         "excluded from training time",

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from bytesplat_ns.compare.lanes import cuda_visible_devices
 from bytesplat_ns.compare.records import RunRecord, RunSpec, write_json
 
 ERROR_LINES = 15
@@ -23,6 +24,8 @@ def worker_env(spec: RunSpec) -> tuple[dict[str, str], list[str]]:
     """Environment of the worker process, and notes on what was changed in it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     notes = []
+    if spec.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if spec.method.startswith("splatfacto") and spec.device.startswith("cuda"):
         # splatfacto's torch.compile warm-up would be counted as its start-up and first steps
         env["TORCHDYNAMO_DISABLE"] = "1"
@@ -43,7 +46,7 @@ def run_one(spec: RunSpec, timeout_s: float | None = None) -> RunRecord:
     """Train one run in its own process; a failure (exit status, missing record, timeout) becomes a failed record."""
     run_dir = Path(spec.run_dir)
     if run_dir.exists():
-        shutil.rmtree(run_dir)  # a stale run of an earlier study in the same output folder
+        shutil.rmtree(run_dir)  # this run's earlier attempt, failed or unfinished (resume.reusable said so)
     run_dir.mkdir(parents=True)
     env, notes = worker_env(spec)
     log = run_dir / "log.txt"
@@ -79,6 +82,7 @@ def run_one(spec: RunSpec, timeout_s: float | None = None) -> RunRecord:
             device=spec.device,
         )
     record.wall_s = wall_s
+    record.gpus = spec.gpus
     record.notes = [*notes, *record.notes]
     write_json(record_path, record.to_dict())
     return record

@@ -5,11 +5,15 @@ methods, then the same seeding), with only the study's settings overridden: data
 output folder, and no viewer or periodic nerfstudio evaluation. Held-out PSNR is evaluated every
 `eval_every` steps and after the last; that time is measured and taken out of the training time. At the
 end every held-out view is rendered (PNG) and scored, and `record.json` is written in the run folder.
+
+With --num-devices N > 1 the worker starts one process per GPU over NCCL, as ns-train does; rank 0 keeps
+the clock, evaluates and writes the record (bytesplat counts --steps in views: N views per step).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -50,10 +54,13 @@ def build_config(spec: RunSpec):
 
 
 def _to_png(image: torch.Tensor, path: Path) -> None:
-    """image: [H, W, 3] float in [0, 1]."""
+    """image: [H, W, 3] float in [0, 1]. Written under another name, then renamed: runs on other lanes may write
+    the same ground truth at the same time, and a reader never sees half a file."""
     array = (image.detach().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).cpu().numpy()
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.ascontiguousarray(array[..., :3])).save(path)
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.png")
+    Image.fromarray(np.ascontiguousarray(array[..., :3])).save(partial)
+    partial.replace(path)
 
 
 def _relative_name(path: Path, data: Path) -> str:
@@ -105,8 +112,10 @@ class TrainingClock:
     """Training callbacks: start the clock at the first step; evaluate held-out PSNR every `eval_every` steps and
     after the last, keeping that evaluation time out of the training time."""
 
-    def __init__(self, spec: RunSpec, start_step: int, evaluate_all: EvalFn, evaluate_final: EvalFn) -> None:
-        self.spec, self.start_step = spec, start_step
+    def __init__(self, spec: RunSpec, start_step: int, total_steps: int, evaluate_all: EvalFn, evaluate_final: EvalFn
+                 ) -> None:  # fmt: skip
+        self.spec, self.start_step, self.total_steps = spec, start_step, total_steps
+        self.eval_every = max(1, round(spec.eval_every * total_steps / spec.steps))  # in steps of this run
         self.evaluate_all, self.evaluate_final = evaluate_all, evaluate_final
         self.cuda = spec.device.startswith("cuda")
         self.t0: float | None = None  # perf_counter() at the start of the first step
@@ -128,8 +137,8 @@ class TrainingClock:
 
     def after_step(self, step: int) -> None:
         self.steps_done = step + 1 - self.start_step
-        last = self.steps_done >= self.spec.steps
-        if self.steps_done % self.spec.eval_every and not last:
+        last = self.steps_done >= self.total_steps
+        if self.steps_done % self.eval_every and not last:
             return
         self._sync()
         started = time.perf_counter()
@@ -161,21 +170,48 @@ def _set_random_seed(seed: int) -> None:
 
 
 def run(spec: RunSpec) -> RunRecord:
-    from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
-
     record = RunRecord(method=spec.method, role=spec.role, seed=spec.seed, pair=spec.pair, device=spec.device)
     output = Path(spec.output_dir)
     record.run_dir = str(Path(spec.run_dir).relative_to(output))
     if stand_in_lpips_unless_on_disk():
         record.notes.append("LPIPS not measured: AlexNet weights are not on disk (nothing is downloaded).")
     config = build_config(spec)
-    if spec.num_devices > 1:
-        raise SystemExit("bytesplat-compare runs one process per run; multi-GPU runs are not implemented yet.")
     config.save_config()
     record.config = str((config.get_base_dir() / "config.yml").relative_to(output))
-    _set_random_seed(config.machine.seed)
-    trainer = config.setup(local_rank=0, world_size=1)
+    if spec.num_devices == 1:
+        _set_random_seed(config.machine.seed)
+        return train_and_record(spec, config, record)
+    import torch.multiprocessing as mp
+
+    result = Path(spec.run_dir) / "rank0-record.json"
+    init = f"file://{Path(spec.run_dir).resolve()}/rendezvous-{os.getpid()}"
+    mp.spawn(_rank, args=(spec, config, record, init, result), nprocs=spec.num_devices, join=True)
+    return RunRecord.from_dict(json.loads(result.read_text()))
+
+
+def _rank(rank: int, spec: RunSpec, config, record: RunRecord, init: str, result: Path) -> None:
+    """One GPU of a multi-GPU run (as nerfstudio's launcher sets it up, with its per-rank seed)."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=spec.num_devices)
+    _set_random_seed(config.machine.seed + rank)
+    record = train_and_record(spec, config, record, rank=rank)
+    if rank == 0:
+        write_json(result, record.to_dict())
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_and_record(spec: RunSpec, config, record: RunRecord, rank: int = 0) -> RunRecord:
+    """Train (rank 0: with the clock and the held-out evaluations) and fill in the record."""
+    from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
+
+    trainer = config.setup(local_rank=rank, world_size=spec.num_devices)
     trainer.setup()
+    if rank > 0:
+        trainer.train()
+        return record
 
     datamanager = trainer.pipeline.datamanager
     data = Path(spec.data)
@@ -190,6 +226,7 @@ def run(spec: RunSpec) -> RunRecord:
     clock = TrainingClock(
         spec,
         trainer._start_step,
+        trainer.config.max_num_iterations,  # steps of this run (bytesplat on N GPUs: --steps / N)
         evaluate_all=lambda: evaluate(trainer.pipeline, names),
         evaluate_final=lambda: evaluate(trainer.pipeline, names, save=spec),
     )
@@ -208,16 +245,18 @@ def run(spec: RunSpec) -> RunRecord:
     record.ssim = float(np.mean([v.ssim for v in views]))
     lpips = [v.lpips for v in views]
     record.lpips = float(np.mean(lpips)) if lpips and all(v is not None for v in lpips) else None
-    record.steps = clock.steps_done
+    record.steps = round(clock.steps_done * spec.steps / clock.total_steps)  # in views, as --steps counts them
     record.startup_s = clock.first_step_at - spec.launched_at if spec.launched_at else None
     record.train_s = clock.train_s
     record.eval_s = clock.eval_s
-    record.step_ms = 1000.0 * record.train_s / max(1, record.steps) if record.train_s is not None else None
+    record.step_ms = 1000.0 * record.train_s / max(1, clock.steps_done) if record.train_s is not None else None
     record.curve = clock.curve
     record.peak_mem = clock.peak_mem
     num_points = getattr(trainer.pipeline.model, "num_points", None)
     record.splats = int(num_points) if num_points is not None else None
-    record.bytes_exchanged = None  # multi-GPU runs are not implemented yet
+    stats = getattr(trainer, "stats", None)  # bytesplat's RunStats; other methods have none
+    if spec.num_devices > 1 and stats is not None:
+        record.bytes_exchanged = stats.exchange_sent_bytes
     record.status = "ok"
     return record
 
