@@ -6,11 +6,12 @@ import functools
 
 import torch
 
+from bytesplat_ns.render.fused_backend import rasterize_fused
 from bytesplat_ns.render.gsplat_backend import rasterize_gsplat
 from bytesplat_ns.render.torch_backend import rasterize_torch
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
 
-BACKENDS = {"torch": rasterize_torch, "gsplat": rasterize_gsplat}
+BACKENDS = {"torch": rasterize_torch, "gsplat": rasterize_gsplat, "fused": rasterize_fused}
 
 
 def rasterize(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
@@ -26,9 +27,9 @@ def resolve_backend(name: str, device: torch.device) -> str:
         return "gsplat" if device.type == "cuda" and gsplat_available() else "torch"
     if name not in BACKENDS:
         raise ValueError(f"Unknown renderer {name!r}; choose one of: auto, {', '.join(BACKENDS)}.")
-    if name == "gsplat" and device.type != "cuda":
+    if name in ("gsplat", "fused") and device.type != "cuda":
         raise RuntimeError(
-            f"The gsplat renderer needs CUDA tensors, got {device}. "
+            f"The {name} renderer needs CUDA tensors, got {device}. "
             "Use --pipeline.model.renderer torch (or auto) on CPU."
         )
     return name
@@ -67,5 +68,5 @@ def _check_inputs(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, 
         raise ValueError(f"rasterize(): SH colors need shape ({n}, K, 3), got {tuple(splats.colors.shape)}.")
     if camera.width <= 0 or camera.height <= 0:
         raise ValueError(f"rasterize(): image size {camera.width}x{camera.height} is empty.")
-    if backend == "gsplat" and splats.means.dtype != torch.float32:
-        raise ValueError(f"The gsplat renderer takes float32, got {splats.means.dtype}; use the torch renderer.")
+    if backend in ("gsplat", "fused") and splats.means.dtype != torch.float32:
+        raise ValueError(f"The {backend} renderer takes float32, got {splats.means.dtype}; use the torch renderer.")

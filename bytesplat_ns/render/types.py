@@ -7,7 +7,7 @@ from typing import Literal
 
 from torch import Tensor
 
-Backend = Literal["auto", "torch", "gsplat"]
+Backend = Literal["auto", "torch", "gsplat", "fused"]
 """Renderer backends. `auto` picks the fastest one available for the tensors' device."""
 
 
@@ -54,6 +54,8 @@ class RasterizeOptions:
     """Screen-space blur added to each 2D covariance's diagonal, in pixels squared."""
     tile_size: int = 16
     backend: Backend = "auto"
+    prune_on_chip: bool = True
+    """fused backend: a tile with more splats than fit on-chip keeps those that contribute most there."""
 
 
 @dataclass
@@ -68,6 +70,7 @@ class RenderOutputs:
     width: int
     height: int
     backend: str = field(default="torch")
+    pruned: Tensor | None = None  # [1] int32 tile entries dropped by on-chip pruning (fused backend), on the device
 
     def strategy_info(self) -> dict[str, object]:
         """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera)."""

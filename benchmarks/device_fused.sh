@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the GPU machine, after `source .device-kit/on-device.sh`: build the fused kernels once (the .so goes
+# to $OUT, so a later call can carry it back: put it in .build-cache/ext/ and carry .build-cache), run
+# tests/test_fused_backend.py, then benchmarks/fused_kernel.py (timings, errors, DRAM bytes with ncu when present).
+# Files in $OUT: build.log, bytesplat_cuda_<hash>.so, pytest.log, bench.log, fused_kernel.json.
+set -uo pipefail
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+export MAX_JOBS=12 TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
+export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext}
+nvidia-smi -L
+
+start=$(date +%s)
+python3 - > "$OUT/build.log" 2>&1 <<'PY'
+import time
+
+from bytesplat_ns.cuda import build, ops
+import torch
+
+t = time.time()
+build.load()
+print(f"{build.module_name()} ready in {time.time() - t:.1f} s (prebuilt: {build.prebuilt_path(build.module_name())})")
+cuda = torch.device("cuda")
+print("on-chip capacity: rgb", ops.tile_capacity(cuda, 3), "rgb+depth", ops.tile_capacity(cuda, 4))
+PY
+tail -2 "$OUT/build.log"
+so=$(ls "$BYTESPLAT_EXT_DIR"/bytesplat_cuda_*.so "$BYTESPLAT_EXT_DIR"/bytesplat_cuda_*/bytesplat_cuda_*.so \
+  2>/dev/null | head -1)
+[ -n "$so" ] && cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
+echo "build: $(( $(date +%s) - start )) s"
+
+python3 -m pytest -p no:cacheprovider -q -rs tests/test_fused_backend.py > "$OUT/pytest.log" 2>&1
+tail -15 "$OUT/pytest.log"
+echo "tests done: $(( $(date +%s) - start )) s"
+
+ncu_flag=""
+command -v ncu > /dev/null && [ -z "${SKIP_NCU:-}" ] && ncu_flag="--ncu"
+python3 benchmarks/fused_kernel.py --json "$OUT/fused_kernel.json" $ncu_flag ${LEGO_CKPT:+--lego-ckpt "$LEGO_CKPT"} \
+  > "$OUT/bench.log" 2>&1
+echo "bench done: $(( $(date +%s) - start )) s"
+tail -14 "$OUT/bench.log"

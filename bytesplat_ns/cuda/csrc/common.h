@@ -1,0 +1,71 @@
+// Torch-side helpers shared by the host wrappers (.cpp): input checks, device guard, pointer structs.
+#pragma once
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <initializer_list>
+#include <tuple>
+#include <vector>
+
+#include "raster_types.h"
+
+#define BYTESPLAT_CHECK_INPUT(x, dtype)                                                         \
+  TORCH_CHECK((x).is_cuda(), #x " must be a CUDA tensor");                                     \
+  TORCH_CHECK((x).is_contiguous(), #x " must be contiguous");                                  \
+  TORCH_CHECK((x).scalar_type() == (dtype), #x " must be ", (dtype), ", got ", (x).scalar_type())
+
+#define BYTESPLAT_CHECK_CUDA_STATUS(expr)                                                       \
+  do {                                                                                          \
+    const cudaError_t status_ = (expr);                                                         \
+    TORCH_CHECK(status_ == cudaSuccess, #expr " failed: ", cudaGetErrorString(status_));        \
+  } while (0)
+
+namespace bytesplat {
+
+inline void check_shape(const at::Tensor& t, std::initializer_list<int64_t> shape, const char* name) {
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ",
+              at::IntArrayRef(shape));
+}
+
+// Checks the projected splats (float32, contiguous, same device, consistent N) and points at them.
+inline SplatInputs splat_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& colors,
+                                const at::Tensor& opacities) {
+  BYTESPLAT_CHECK_INPUT(means2d, at::kFloat);
+  BYTESPLAT_CHECK_INPUT(conics, at::kFloat);
+  BYTESPLAT_CHECK_INPUT(colors, at::kFloat);
+  BYTESPLAT_CHECK_INPUT(opacities, at::kFloat);
+  const int64_t n = means2d.size(0);
+  check_shape(means2d, {n, 2}, "means2d");
+  check_shape(conics, {n, 3}, "conics");
+  TORCH_CHECK(colors.dim() == 2 && colors.size(0) == n, "colors must be [N, D] with N = ", n);
+  check_shape(opacities, {n}, "opacities");
+  return SplatInputs{means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+                     opacities.data_ptr<float>()};
+}
+
+// Checks tile lists: start/end [tiles_y * tiles_x] int32 and the int32 entry ids.
+inline TileLists tile_lists(const at::Tensor& start, const at::Tensor& end, const at::Tensor& ids, int64_t width,
+                            int64_t height, int64_t tiles_x) {
+  BYTESPLAT_CHECK_INPUT(start, at::kInt);
+  BYTESPLAT_CHECK_INPUT(end, at::kInt);
+  BYTESPLAT_CHECK_INPUT(ids, at::kInt);
+  const int64_t tiles_y = (height + kTile - 1) / kTile;
+  TORCH_CHECK(width > 0 && height > 0, "image size must be positive");
+  TORCH_CHECK(tiles_x == (width + kTile - 1) / kTile, "tiles_x does not match width with 16-pixel tiles");
+  check_shape(start, {tiles_y * tiles_x}, "tile_start");
+  check_shape(end, {tiles_y * tiles_x}, "tile_end");
+  return TileLists{start.data_ptr<int32_t>(), end.data_ptr<int32_t>(), ids.data_ptr<int32_t>(),
+                   static_cast<int>(tiles_x), static_cast<int>(tiles_y)};
+}
+
+// An output image [H, W, channels]: uninitialised, or NaN when poisoned (tests catch unwritten values).
+inline at::Tensor image_output(const at::Tensor& like, int64_t height, int64_t width, int64_t channels,
+                               bool poison) {
+  at::Tensor out = at::empty({height, width, channels}, like.options().dtype(at::kFloat));
+  if (poison) out.fill_(std::numeric_limits<float>::quiet_NaN());
+  return out;
+}
+
+}  // namespace bytesplat

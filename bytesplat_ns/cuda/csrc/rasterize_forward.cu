@@ -1,0 +1,60 @@
+// Forward kernel: one block per tile, one thread per pixel; the tile's splats pass through shared memory in
+// batches of kBlock, front to back, with gsplat's cut-offs (raster_device.cuh).
+#include "raster_device.cuh"
+#include "rasterize_forward.h"
+
+namespace bytesplat {
+namespace {
+
+template <int CDIM>
+__global__ void __launch_bounds__(kBlock) forward_kernel(const ForwardParams p) {
+  __shared__ __align__(16) unsigned char smem[kBlock * SplatCache<CDIM>::kBytesPerSplat];
+  const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem, kBlock);
+
+  const int tile = static_cast<int>(blockIdx.x);
+  const PixelCoord pix(tile, p.tiles.tiles_x, p.width, p.height);
+  const float px = static_cast<float>(pix.x) + 0.5f;
+  const float py = static_cast<float>(pix.y) + 0.5f;
+  const int first = p.tiles.start[tile];
+  const int count = p.tiles.end[tile] - first;
+
+  float T = 1.f;
+  float C[CDIM];
+#pragma unroll
+  for (int d = 0; d < CDIM; ++d) C[d] = 0.f;
+  bool done = !pix.inside;
+  for (int off = 0; off < count; off += kBlock) {
+    // Also the barrier before the cache is overwritten.
+    if (__syncthreads_count(done) == kBlock) break;
+    const int len = min(kBlock, count - off);
+    cache.load(p.splats, p.tiles.ids, first + off, len);
+    __syncthreads();
+    for (int j = 0; j < len && !done; ++j) {
+      done = composite_one<CDIM>(cache, j, px, py, T, C) == Step::kStop;
+    }
+  }
+  if (!pix.inside) return;
+#pragma unroll
+  for (int d = 0; d < CDIM; ++d) p.render[static_cast<int64_t>(CDIM) * pix.index + d] = C[d];
+  p.alpha[pix.index] = 1.f - T;
+}
+
+}  // namespace
+
+cudaError_t launch_rasterize_forward(const ForwardParams& p, int cdim, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(p.tiles.tiles_x) * static_cast<unsigned>(p.tiles.tiles_y);
+  if (blocks == 0) return cudaSuccess;
+  switch (cdim) {
+    case 3:
+      forward_kernel<3><<<blocks, kBlock, 0, stream>>>(p);
+      break;
+    case 4:
+      forward_kernel<4><<<blocks, kBlock, 0, stream>>>(p);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace bytesplat

@@ -1,0 +1,40 @@
+// Forward rasterization: front-to-back compositing per 16x16 tile (no gradient state is kept).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "raster_types.h"
+
+namespace bytesplat {
+
+struct ForwardParams {
+  SplatInputs splats;
+  TileLists tiles;
+  int width;
+  int height;
+  float* render;  // [H, W, CDIM] premultiplied colour (no background)
+  float* alpha;   // [H, W] 1 - final transmittance
+};
+
+// Launches on `stream`; cdim is 3 (RGB) or 4 (RGB + depth). Returns the launch status.
+cudaError_t launch_rasterize_forward(const ForwardParams& p, int cdim, cudaStream_t stream);
+
+}  // namespace bytesplat
+
+#ifndef __CUDACC__
+#include "common.h"
+
+namespace bytesplat {
+
+// -> (render [H, W, D], alpha [H, W, 1]); poison fills both with NaN first (tests: unwritten values fail).
+std::tuple<at::Tensor, at::Tensor> rasterize_forward(const at::Tensor& means2d,      // [N, 2]
+                                                     const at::Tensor& conics,       // [N, 3]
+                                                     const at::Tensor& colors,       // [N, D]
+                                                     const at::Tensor& opacities,    // [N]
+                                                     const at::Tensor& tile_start,   // [T] int32
+                                                     const at::Tensor& tile_end,     // [T] int32
+                                                     const at::Tensor& flatten_ids,  // [M] int32
+                                                     int64_t width, int64_t height, int64_t tiles_x, bool poison);
+
+}  // namespace bytesplat
+#endif

@@ -1,0 +1,109 @@
+// Host side of the fused forward + backward rasterization: checks, allocation, launch on the current stream.
+#include "rasterize_fused.h"
+
+namespace bytesplat {
+namespace {
+
+struct GradOutputs {
+  at::Tensor means2d, means2d_abs, conics, colors, opacities;
+  SplatGrads pointers() {
+    return SplatGrads{means2d.data_ptr<float>(), means2d_abs.numel() ? means2d_abs.data_ptr<float>() : nullptr,
+                      conics.data_ptr<float>(), colors.data_ptr<float>(), opacities.data_ptr<float>()};
+  }
+};
+
+GradOutputs zero_grads(const at::Tensor& means2d, int64_t cdim, bool absgrad) {
+  const int64_t n = means2d.size(0);
+  const auto opts = means2d.options();
+  return GradOutputs{at::zeros({n, 2}, opts), absgrad ? at::zeros({n, 2}, opts) : at::empty({0}, opts),
+                     at::zeros({n, 3}, opts), at::zeros({n, cdim}, opts), at::zeros({n}, opts)};
+}
+
+void check_image(const at::Tensor& t, int64_t height, int64_t width, int64_t channels, const char* name) {
+  BYTESPLAT_CHECK_INPUT(t, at::kFloat);
+  check_shape(t, {height, width, channels}, name);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::Tensor& conics,
+                                           const at::Tensor& colors, const at::Tensor& opacities,
+                                           const at::Tensor& tile_start, const at::Tensor& tile_end,
+                                           const at::Tensor& flatten_ids, int64_t width, int64_t height,
+                                           int64_t tiles_x, int64_t capacity, const at::Tensor& v_render,
+                                           const c10::optional<at::Tensor>& v_alpha, bool absgrad) {
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
+  const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x);
+  const int64_t cdim = colors.size(1);
+  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  TORCH_CHECK(capacity > 0, "capacity must be positive");
+  check_image(v_render, height, width, cdim, "v_render");
+  if (v_alpha.has_value()) check_image(*v_alpha, height, width, 1, "v_alpha");
+  GradOutputs grads = zero_grads(means2d, cdim, absgrad);
+  PixelGradSource src{};
+  src.v_render = v_render.data_ptr<float>();
+  src.v_alpha = v_alpha.has_value() ? v_alpha->data_ptr<float>() : nullptr;
+  const FusedParams p{splats,  tiles,   static_cast<int>(width), static_cast<int>(height), static_cast<int>(capacity),
+                      src,     nullptr, nullptr,                 grads.pointers()};
+  BYTESPLAT_CHECK_CUDA_STATUS(
+      launch_rasterize_fused(p, static_cast<int>(cdim), c10::cuda::getCurrentCUDAStream().stream()));
+  return {grads.means2d, grads.means2d_abs, grads.conics, grads.colors, grads.opacities};
+}
+
+std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& colors,
+                                       const at::Tensor& opacities, const at::Tensor& tile_start,
+                                       const at::Tensor& tile_end, const at::Tensor& flatten_ids, int64_t width,
+                                       int64_t height, int64_t tiles_x, int64_t capacity, const at::Tensor& gt,
+                                       const c10::optional<at::Tensor>& v_extra,
+                                       const c10::optional<at::Tensor>& background, double w_l1, double w_l2,
+                                       bool clamp, bool want_image, bool absgrad, bool poison) {
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
+  const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x);
+  TORCH_CHECK(colors.size(1) == 3, "the fused loss takes RGB colours [N, 3], got ", colors.sizes());
+  TORCH_CHECK(capacity > 0, "capacity must be positive");
+  check_image(gt, height, width, 3, "gt");
+  if (v_extra.has_value()) check_image(*v_extra, height, width, 3, "v_extra");
+  if (background.has_value()) {
+    BYTESPLAT_CHECK_INPUT(*background, at::kFloat);
+    check_shape(*background, {3}, "background");
+  }
+  GradOutputs grads = zero_grads(means2d, 3, absgrad);
+  at::Tensor loss = at::zeros({1}, means2d.options());
+  at::Tensor render = want_image ? image_output(means2d, height, width, 3, poison) : at::empty({0}, means2d.options());
+  at::Tensor alpha = want_image ? image_output(means2d, height, width, 1, poison) : at::empty({0}, means2d.options());
+  PixelGradSource src{};
+  src.gt = gt.data_ptr<float>();
+  src.v_extra = v_extra.has_value() ? v_extra->data_ptr<float>() : nullptr;
+  src.background = background.has_value() ? background->data_ptr<float>() : nullptr;
+  src.w_l1 = static_cast<float>(w_l1);
+  src.w_l2 = static_cast<float>(w_l2);
+  src.inv_count = static_cast<float>(1.0 / (3.0 * static_cast<double>(width) * static_cast<double>(height)));
+  src.clamp = clamp;
+  src.loss = loss.data_ptr<float>();
+  const FusedParams p{splats,
+                      tiles,
+                      static_cast<int>(width),
+                      static_cast<int>(height),
+                      static_cast<int>(capacity),
+                      src,
+                      want_image ? render.data_ptr<float>() : nullptr,
+                      want_image ? alpha.data_ptr<float>() : nullptr,
+                      grads.pointers()};
+  BYTESPLAT_CHECK_CUDA_STATUS(launch_rasterize_fused(p, 3, c10::cuda::getCurrentCUDAStream().stream()));
+  return {loss, grads.means2d, grads.means2d_abs, grads.conics, grads.colors, grads.opacities, render, alpha};
+}
+
+int64_t fused_capacity(int64_t cdim, int64_t blocks_per_sm) {
+  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  TORCH_CHECK(blocks_per_sm > 0, "blocks_per_sm must be positive");
+  int device = 0;
+  BYTESPLAT_CHECK_CUDA_STATUS(cudaGetDevice(&device));
+  const int capacity = fused_tile_capacity(static_cast<int>(cdim), static_cast<int>(blocks_per_sm), device);
+  TORCH_CHECK(capacity > 0, "the device's shared memory per block holds no fused-kernel tile (capacity ",
+              capacity, ")");
+  return capacity;
+}
+
+}  // namespace bytesplat

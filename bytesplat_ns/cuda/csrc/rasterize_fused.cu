@@ -1,0 +1,281 @@
+// Fused forward + backward kernel. One block of 16x16 threads per tile, one pixel per thread.
+//
+//  1. Forward: the tile's depth-ordered splats are loaded into shared memory (one chunk of up to `capacity`
+//     splats; longer lists, possible only with pruning off, go in several chunks) and composited front to back
+//     with gsplat's cut-offs. Each thread keeps T_final, its last contributing index and its colour in registers.
+//  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
+//     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
+//  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
+//     transmittance as T / (1 - alpha). Per-splat gradients are summed over a warp with shuffles, written per
+//     warp to shared memory for batches of kRedBatch splats, summed over the warps and added to device memory
+//     with one atomicAdd per splat and quantity: at most one global update per splat per tile.
+#include "raster_device.cuh"
+#include "rasterize_fused.h"
+
+namespace bytesplat {
+namespace {
+
+constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together
+constexpr int kMiscBytes = 64;
+
+// Gradient slots per splat: means2d (2), |means2d| (2), conic (3), colour (CDIM), opacity (1).
+template <int CDIM>
+struct Slots {
+  static constexpr int kMean = 0, kAbs = 2, kConic = 4, kColor = 7, kOpacity = 7 + CDIM, kCount = 8 + CDIM;
+};
+
+template <int CDIM>
+__host__ __device__ constexpr int fixed_bytes() {
+  return (kWarps * kRedBatch * Slots<CDIM>::kCount * 4 + kMiscBytes + 15) / 16 * 16;
+}
+
+template <int CDIM>
+__device__ __forceinline__ void accumulate(const SplatGrads& g, int64_t id, int q, float v) {
+  using S = Slots<CDIM>;
+  if (q < S::kAbs) {
+    atomicAdd(g.means2d + 2 * id + q, v);
+  } else if (q < S::kConic) {
+    if (g.means2d_abs != nullptr) atomicAdd(g.means2d_abs + 2 * id + (q - S::kAbs), v);
+  } else if (q < S::kColor) {
+    atomicAdd(g.conics + 3 * id + (q - S::kConic), v);
+  } else if (q < S::kOpacity) {
+    atomicAdd(g.colors + CDIM * id + (q - S::kColor), v);
+  } else {
+    atomicAdd(g.opacities + id, v);
+  }
+}
+
+// Loss mode: dL/d render (vC) and dL/d alpha (vA) of one pixel, and its share of the loss.
+__device__ __forceinline__ float pixel_loss_grad(const PixelGradSource& s, int index, float T, const float (&C)[3],
+                                                 float (&vC)[3], float& vA) {
+  float loss = 0.f;
+  vA = 0.f;
+#pragma unroll
+  for (int d = 0; d < 3; ++d) {
+    const float bg = s.background != nullptr ? s.background[d] : 0.f;
+    const float pred = C[d] + T * bg;  // render + (1 - alpha) * background
+    const float out = s.clamp ? fminf(fmaxf(pred, 0.f), 1.f) : pred;
+    const float diff = out - s.gt[3 * index + d];
+    loss += s.w_l1 * fabsf(diff) + s.w_l2 * diff * diff;
+    const float sgn = diff > 0.f ? 1.f : (diff < 0.f ? -1.f : 0.f);
+    float g = (s.w_l1 * sgn + 2.f * s.w_l2 * diff) * s.inv_count;
+    if (s.v_extra != nullptr) g += s.v_extra[3 * index + d];
+    if (s.clamp && (pred < 0.f || pred > 1.f)) g = 0.f;  // torch.clamp passes the gradient on [0, 1]
+    vC[d] = g;
+    vA -= g * bg;
+  }
+  return loss * s.inv_count;
+}
+
+template <int CDIM, bool kLoss>
+__global__ void __launch_bounds__(kBlock) fused_kernel(const FusedParams p) {
+  static_assert(!kLoss || CDIM == 3, "the in-kernel loss is defined on RGB");
+  using S = Slots<CDIM>;
+  constexpr int kQ = S::kCount;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* red = reinterpret_cast<float*>(smem);  // [kWarps][kRedBatch][kQ]
+  int* warp_last = reinterpret_cast<int*>(red + kWarps * kRedBatch * kQ);  // [kWarps]
+  float* warp_loss = reinterpret_cast<float*>(warp_last + kWarps);         // [kWarps]
+  const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem + fixed_bytes<CDIM>(), p.capacity);
+
+  const int tile = static_cast<int>(blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const PixelCoord pix(tile, p.tiles.tiles_x, p.width, p.height);
+  const float px = static_cast<float>(pix.x) + 0.5f;
+  const float py = static_cast<float>(pix.y) + 0.5f;
+  const int first = p.tiles.start[tile];
+  const int count = p.tiles.end[tile] - first;
+  const int cap = p.capacity;
+  const int n_chunks = (count + cap - 1) / cap;
+
+  // 1. Forward, front to back.
+  float T = 1.f;
+  float C[CDIM];
+#pragma unroll
+  for (int d = 0; d < CDIM; ++d) C[d] = 0.f;
+  int last = -1;  // index in the tile's list of the last splat composited into this pixel
+  bool done = !pix.inside;
+  int resident = -1;  // chunk now in shared memory (block-uniform)
+  for (int k = 0; k < n_chunks; ++k) {
+    if (__syncthreads_count(done) == kBlock) break;  // also the barrier before the cache is overwritten
+    const int off = k * cap;
+    const int len = min(cap, count - off);
+    cache.load(p.splats, p.tiles.ids, first + off, len);
+    resident = k;
+    __syncthreads();
+    for (int j = 0; j < len && !done; ++j) {
+      const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
+      if (s == Step::kStop) done = true;
+      if (s == Step::kUsed) last = off + j;
+    }
+  }
+  if (pix.inside && p.render != nullptr) {
+#pragma unroll
+    for (int d = 0; d < CDIM; ++d) p.render[static_cast<int64_t>(CDIM) * pix.index + d] = C[d];
+  }
+  if (pix.inside && p.alpha != nullptr) p.alpha[pix.index] = 1.f - T;
+
+  // 2. This pixel's gradient with respect to its colour (vC) and alpha (vA).
+  float vC[CDIM];
+  float vA = 0.f;
+  float loss = 0.f;
+  if constexpr (kLoss) {
+    if (pix.inside) {
+      loss = pixel_loss_grad(p.src, pix.index, T, C, vC, vA);
+    } else {
+#pragma unroll
+      for (int d = 0; d < CDIM; ++d) vC[d] = 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int d = 0; d < CDIM; ++d) {
+      vC[d] = pix.inside ? p.src.v_render[static_cast<int64_t>(CDIM) * pix.index + d] : 0.f;
+    }
+    vA = (pix.inside && p.src.v_alpha != nullptr) ? p.src.v_alpha[pix.index] : 0.f;
+  }
+
+  const int wlast = warp_max(last);
+  const float wloss = warp_sum(loss);
+  if (lane == 0) {
+    warp_last[warp] = wlast;
+    warp_loss[warp] = wloss;
+  }
+  __syncthreads();
+  int block_last = -1;
+  float block_loss = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    block_last = max(block_last, warp_last[w]);
+    block_loss += warp_loss[w];
+  }
+  if constexpr (kLoss) {
+    if (threadIdx.x == 0) atomicAdd(p.src.loss, block_loss);
+  }
+  if (block_last < 0) return;  // block-uniform: no pixel of the tile used a splat
+
+  // 3. Backward, back to front.
+  const float T_final = T;
+  float acc[CDIM];  // sum of weight * colour over the splats behind the current one
+#pragma unroll
+  for (int d = 0; d < CDIM; ++d) acc[d] = 0.f;
+  for (int k = block_last / cap; k >= 0; --k) {
+    const int off = k * cap;
+    const int len = min(cap, count - off);
+    if (k != resident) {
+      __syncthreads();
+      cache.load(p.splats, p.tiles.ids, first + off, len);
+      resident = k;
+      __syncthreads();
+    }
+    for (int hi = min(block_last - off, len - 1); hi >= 0; hi -= kRedBatch) {
+      const int nb = min(kRedBatch, hi + 1);
+      for (int s = 0; s < nb; ++s) {
+        const int j = hi - s;
+        float g[kQ];
+#pragma unroll
+        for (int q = 0; q < kQ; ++q) g[q] = 0.f;
+        bool active = false;
+        if (off + j <= last) {
+          float dx, dy, vis;
+          const float opac = cache.opac[j];
+          const float3 con = cache.con[j];
+          const float alpha = splat_alpha(cache.xy[j], con, opac, px, py, dx, dy, vis);
+          if (alpha > 0.f) {
+            active = true;
+            const float ra = 1.f / (1.f - alpha);
+            T *= ra;  // transmittance in front of splat j
+            const float fac = alpha * T;
+            float v_alpha = 0.f;
+#pragma unroll
+            for (int d = 0; d < CDIM; ++d) {
+              const float c = cache.col[CDIM * j + d];
+              g[S::kColor + d] = fac * vC[d];
+              v_alpha += (c * T - acc[d] * ra) * vC[d];
+              acc[d] += fac * c;
+            }
+            v_alpha += T_final * ra * vA;
+            const float raw = opac * vis;
+            if (raw <= kAlphaMax) {  // min(kAlphaMax, raw) passes the gradient only below the clamp
+              const float v_sigma = -raw * v_alpha;
+              g[S::kConic] = 0.5f * v_sigma * dx * dx;
+              g[S::kConic + 1] = v_sigma * dx * dy;
+              g[S::kConic + 2] = 0.5f * v_sigma * dy * dy;
+              const float gx = v_sigma * (con.x * dx + con.y * dy);
+              const float gy = v_sigma * (con.y * dx + con.z * dy);
+              g[S::kMean] = gx;
+              g[S::kMean + 1] = gy;
+              g[S::kAbs] = fabsf(gx);
+              g[S::kAbs + 1] = fabsf(gy);
+              g[S::kOpacity] = vis * v_alpha;
+            }
+          }
+        }
+        float* slot = red + (warp * kRedBatch + s) * kQ;
+        if (__any_sync(kFullMask, active)) {
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) g[q] = warp_sum(g[q]);
+        }
+        if (lane == 0) {
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) slot[q] = g[q];
+        }
+      }
+      __syncthreads();
+      for (int e = static_cast<int>(threadIdx.x); e < nb * kQ; e += kBlock) {
+        const int s = e / kQ;
+        const int q = e - s * kQ;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += red[(w * kRedBatch + s) * kQ + q];
+        if (sum != 0.f) accumulate<CDIM>(p.grads, cache.ids[hi - s], q, sum);
+      }
+      __syncthreads();  // before the next batch overwrites red
+    }
+  }
+}
+
+template <int CDIM, bool kLoss>
+cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
+  const size_t bytes = fused_smem_bytes(CDIM, p.capacity);
+  cudaError_t err = cudaFuncSetAttribute(fused_kernel<CDIM, kLoss>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  const unsigned blocks = static_cast<unsigned>(p.tiles.tiles_x) * static_cast<unsigned>(p.tiles.tiles_y);
+  fused_kernel<CDIM, kLoss><<<blocks, kBlock, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t fused_smem_bytes(int cdim, int capacity) {
+  const int fixed = cdim == 3 ? fixed_bytes<3>() : fixed_bytes<4>();
+  const int per_splat = cdim == 3 ? SplatCache<3>::kBytesPerSplat : SplatCache<4>::kBytesPerSplat;
+  return static_cast<size_t>(fixed) + static_cast<size_t>(per_splat) * static_cast<size_t>(capacity);
+}
+
+int fused_tile_capacity(int cdim, int blocks_per_sm, int device) {
+  int per_block = 0, per_sm = 0, reserved = 0;
+  if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
+    return -1;
+  }
+  const int share = per_sm / (blocks_per_sm > 0 ? blocks_per_sm : 1) - reserved;
+  const int budget = share < per_block ? share : per_block;
+  const size_t fixed = fused_smem_bytes(cdim, 0);
+  const size_t per_splat = fused_smem_bytes(cdim, 1) - fixed;
+  if (budget <= static_cast<int>(fixed)) return 0;
+  return static_cast<int>((static_cast<size_t>(budget) - fixed) / per_splat);
+}
+
+cudaError_t launch_rasterize_fused(const FusedParams& p, int cdim, cudaStream_t stream) {
+  if (p.tiles.tiles_x * p.tiles.tiles_y == 0) return cudaSuccess;
+  if (p.capacity <= 0) return cudaErrorInvalidValue;
+  const bool loss = p.src.gt != nullptr;
+  if (cdim == 3) return loss ? launch<3, true>(p, stream) : launch<3, false>(p, stream);
+  if (cdim == 4 && !loss) return launch<4, false>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace bytesplat

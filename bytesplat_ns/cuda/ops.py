@@ -1,0 +1,218 @@
+"""Thin Python wrappers around the fused kernels (csrc/), and the autograd Functions over them.
+
+Layout as gsplat's `_wrapper.py`: checks and reshaping here, the Functions only make inputs contiguous, call
+the kernel and save what backward needs. All tensors are float32 on one CUDA device; N splats, T tiles of
+16x16 pixels, M tile entries.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.cuda import build
+
+TILE_SIZE = 16
+BLOCKS_PER_SM = 2
+"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory."""
+
+
+@dataclass
+class TileLists:
+    """Each tile's splats, front to back: entries ids[start[t]:end[t]] of tile t (row-major tiles)."""
+
+    start: Tensor  # [T] int32
+    end: Tensor  # [T] int32 (after pruning)
+    ids: Tensor  # [M] int32 splat index per entry
+    tiles_x: int
+    tiles_y: int
+    pruned: Tensor  # [1] int32 entries dropped by on-chip pruning (stays on the device: no sync)
+
+
+@dataclass
+class LossWeights:
+    """The per-pixel loss the fused kernel forms on-chip: l1 * mean|pred - gt| + l2 * mean (pred - gt)^2."""
+
+    l1: float = 0.8
+    l2: float = 0.0
+    clamp: bool = True
+    """pred = clamp(render + (1 - alpha) * background, 0, 1), as the model clamps before its loss."""
+
+
+def ext():
+    return build.load()
+
+
+@functools.cache
+def _capacity(device_index: int, channels: int, blocks_per_sm: int) -> int:
+    with torch.cuda.device(device_index):
+        return int(ext().fused_capacity(channels, blocks_per_sm))
+
+
+def tile_capacity(device: torch.device, channels: int) -> int:
+    """Splats per tile that the fused kernel holds on-chip, from the device's shared memory (read at run time)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capacity(index, channels, BLOCKS_PER_SM)
+
+
+def tile_lists(
+    offsets: Tensor,  # [tiles_y, tiles_x] or [1, tiles_y, tiles_x] int32: gsplat's isect offsets
+    flatten_ids: Tensor,  # [M] int32; rewritten in place where a tile is pruned
+    means2d: Tensor,  # [N, 2]
+    conics: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    capacity: int | None,
+) -> TileLists:
+    """Tile ranges from gsplat's binning; with a capacity, tiles with more entries keep only the `capacity`
+    splats that contribute most there (criterion in csrc/prune_tiles.h), in depth order."""
+    tiles_y, tiles_x = offsets.shape[-2:]
+    start = offsets.reshape(-1).contiguous()
+    end, pruned = ext().tile_ranges(
+        start, flatten_ids, means2d.detach().contiguous(), conics.detach().contiguous(),
+        opacities.detach().contiguous(), tiles_x, capacity or 0,
+    )  # fmt: skip
+    return TileLists(start=start, end=end, ids=flatten_ids, tiles_x=tiles_x, tiles_y=tiles_y, pruned=pruned)
+
+
+def rasterize_pixels(
+    means2d: Tensor,  # [1, N, 2] or [N, 2]; receives .absgrad [same shape] after backward when absgrad
+    conics: Tensor,  # [N, 3]
+    colors: Tensor,  # [N, D], D = 3 or 4
+    opacities: Tensor,  # [N]
+    tiles: TileLists,
+    width: int,
+    height: int,
+    capacity: int,
+    absgrad: bool = False,
+    poison: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Differentiable compositing: -> render [H, W, D] (premultiplied, no background), alpha [H, W, 1].
+    The backward pass is the fused kernel fed with dL/d render and dL/d alpha."""
+    _check(means2d, conics, colors, opacities, tiles, width, height)
+    return _Rasterize.apply(means2d, conics, colors, opacities, tiles, width, height, capacity, absgrad, poison)
+
+
+def render_pixels(
+    means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor, tiles: TileLists, width: int, height: int,
+    poison: bool = False,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Forward only, no autograd: render [H, W, D], alpha [H, W, 1]."""
+    _check(means2d, conics, colors, opacities, tiles, width, height)
+    with torch.no_grad():
+        return ext().rasterize_forward(
+            *_flat(means2d, conics, colors, opacities), tiles.start, tiles.end, tiles.ids, width, height,
+            tiles.tiles_x, poison,
+        )  # fmt: skip
+
+
+def loss_pixels(
+    means2d: Tensor,  # [1, N, 2] or [N, 2]
+    conics: Tensor,  # [N, 3]
+    colors: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    tiles: TileLists,
+    gt: Tensor,  # [H, W, 3]
+    background: Tensor | None,  # [3]
+    weights: LossWeights,
+    capacity: int,
+    v_extra: Tensor | None = None,  # [H, W, 3] extra dL/d pred (the D-SSIM term's gradient)
+    extra_loss: Tensor | None = None,  # [] the value of the loss whose gradient v_extra is
+    absgrad: bool = False,
+    want_image: bool = False,
+    poison: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Fused forward + loss + backward in one launch. -> loss [] (differentiable: its backward hands out the
+    gradients computed here, scaled), render [H, W, 3] and alpha [H, W, 1] (None unless want_image)."""
+    height, width = gt.shape[:2]
+    _check(means2d, conics, colors, opacities, tiles, width, height)
+    if colors.shape[-1] != 3:
+        raise ValueError(f"The fused loss takes RGB colours [N, 3], got {tuple(colors.shape)}.")
+    extra = extra_loss.detach().reshape(()) if extra_loss is not None else gt.new_zeros(())
+    loss, render, alpha = _FusedLoss.apply(
+        means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra, extra, absgrad,
+        want_image, poison,
+    )  # fmt: skip
+    return loss, (render if want_image else None), (alpha if want_image else None)
+
+
+def _flat(means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor) -> tuple[Tensor, ...]:
+    n = means2d.shape[-2]
+    return (
+        means2d.detach().reshape(n, 2).contiguous(), conics.detach().reshape(n, 3).contiguous(),
+        colors.detach().reshape(n, -1).contiguous(), opacities.detach().reshape(n).contiguous(),
+    )  # fmt: skip
+
+
+def _check(means2d, conics, colors, opacities, tiles: TileLists, width: int, height: int) -> None:
+    n = means2d.shape[-2]
+    for name, t in (("means2d", means2d), ("conics", conics), ("colors", colors), ("opacities", opacities)):
+        if not t.is_cuda or t.dtype != torch.float32:
+            raise ValueError(f"fused rasterizer: {name} must be float32 on CUDA, got {t.dtype} on {t.device}.")
+        if t.numel() // max(n, 1) * n != t.numel():
+            raise ValueError(f"fused rasterizer: {name} has shape {tuple(t.shape)}, not N={n} rows.")
+    if (tiles.tiles_x, tiles.tiles_y) != (-(-width // TILE_SIZE), -(-height // TILE_SIZE)):
+        raise ValueError(f"fused rasterizer: {tiles.tiles_x}x{tiles.tiles_y} tiles do not cover {width}x{height}.")
+
+
+def _set_absgrad(means2d: Tensor, v_abs: Tensor) -> None:
+    means2d.absgrad = v_abs.reshape(means2d.shape)  # read by gsplat's DefaultStrategy (absgrad=True)
+
+
+class _Rasterize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, tiles, width, height, capacity, absgrad, poison):
+        flat = _flat(means2d, conics, colors, opacities)
+        render, alpha = ext().rasterize_forward(
+            *flat, tiles.start, tiles.end, tiles.ids, width, height, tiles.tiles_x, poison
+        )
+        ctx.save_for_backward(means2d, *flat[1:])
+        ctx.tiles, ctx.size, ctx.capacity, ctx.absgrad = tiles, (width, height), capacity, absgrad
+        ctx.shapes = (conics.shape, colors.shape, opacities.shape)
+        return render, alpha
+
+    @staticmethod
+    def backward(ctx, v_render, v_alpha):
+        means2d, conics, colors, opacities = ctx.saved_tensors
+        tiles, (width, height) = ctx.tiles, ctx.size
+        v_means2d, v_abs, v_conics, v_colors, v_opacities = ext().rasterize_backward(
+            means2d.detach().reshape(-1, 2).contiguous(), conics, colors, opacities, tiles.start, tiles.end,
+            tiles.ids, width, height, tiles.tiles_x, ctx.capacity, v_render.contiguous(), v_alpha.contiguous(),
+            ctx.absgrad,
+        )  # fmt: skip
+        if ctx.absgrad:
+            _set_absgrad(means2d, v_abs)
+        grads = [g.reshape(shape) for g, shape in zip((v_conics, v_colors, v_opacities), ctx.shapes)]
+        return v_means2d.reshape(means2d.shape), *grads, None, None, None, None, None, None
+
+
+class _FusedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra, extra,
+        absgrad, want_image, poison,
+    ):  # fmt: skip
+        height, width = gt.shape[:2]
+        loss, v_means2d, v_abs, v_conics, v_colors, v_opacities, render, alpha = ext().rasterize_loss(
+            *_flat(means2d, conics, colors, opacities), tiles.start, tiles.end, tiles.ids, width, height,
+            tiles.tiles_x, capacity, gt.detach().contiguous(),
+            None if v_extra is None else v_extra.detach().contiguous(),
+            None if background is None else background.detach().to(torch.float32).contiguous(),
+            weights.l1, weights.l2, weights.clamp, want_image, absgrad, poison,
+        )  # fmt: skip
+        ctx.save_for_backward(means2d, v_means2d, v_abs, v_conics, v_colors, v_opacities)
+        ctx.absgrad = absgrad
+        ctx.shapes = (conics.shape, colors.shape, opacities.shape)
+        ctx.mark_non_differentiable(render, alpha)
+        return loss.reshape(()) + extra, render, alpha
+
+    @staticmethod
+    def backward(ctx, v_loss, _v_render, _v_alpha):
+        means2d, v_means2d, v_abs, v_conics, v_colors, v_opacities = ctx.saved_tensors
+        if ctx.absgrad:
+            _set_absgrad(means2d, v_abs * v_loss.abs())
+        grads = [(g * v_loss).reshape(shape) for g, shape in zip((v_conics, v_colors, v_opacities), ctx.shapes)]
+        v_means2d = (v_means2d * v_loss).reshape(means2d.shape)
+        return v_means2d, *grads, None, None, None, None, None, None, None, None, None, None

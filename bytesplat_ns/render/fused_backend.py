@@ -1,0 +1,225 @@
+"""The `fused` renderer backend: gsplat 1.4.0's projection, SH and tile binning, then our own kernels
+(bytesplat_ns/cuda/csrc) for compositing and its backward pass.
+
+Two ways in:
+  * `rasterize_fused(splats, camera, opts)`: the `rasterize()` interface, under ordinary autograd. Forward is a
+    batched per-tile compositing kernel; backward is the fused kernel fed with dL/d rgb from torch: it composites
+    the tile again on-chip (no final-transmittance or last-index buffer is kept between the passes) and reduces
+    the per-splat gradients on-chip, one atomicAdd per splat, tile and quantity.
+  * `fused_loss_step(splats, camera, opts, gt, loss)`: the fused loss path for training (a later change in
+    model.py calls it). The loss is splatfacto's by default, 0.8 L1 + 0.2 (1 - SSIM), on the clamped image with
+    the background composited.
+      - L1 and L2 terms: formed per pixel inside the fused kernel from the ground-truth tile; for these no
+        rendered image, transmittance or last-index buffer goes through device memory (one launch).
+      - D-SSIM term: its 11x11 window crosses tile borders, so it is handled in two passes ("a fused
+        SSIM-gradient pass feeding the backward"): the forward kernel renders the image (one image write), torch
+        computes SSIM and its gradient w.r.t. the clamped image with pytorch_msssim (as splatfacto does), and that
+        gradient enters the fused kernel as v_extra [H, W, 3], added on-chip to the L1 gradient. So with SSIM
+        the step costs one extra compositing pass, one image round trip and the SSIM pass; benchmarks/
+        fused_kernel.py measures it ("fused_ssim" against "fused_l1").
+    It returns the loss as a tensor whose backward hands out the gradients already computed (scaled), so
+    `loss.backward()` in the trainer reaches the splat parameters through gsplat's projection and SH.
+
+Shared-memory-aware pruning (RasterizeOptions.prune_on_chip): the fused kernel holds up to `tile_capacity`
+splats per tile on-chip, from the device's shared memory per block read at run time (cuda/ops.py). A tile
+with more entries keeps the `capacity` that contribute most there, by opacity x peak falloff inside the tile
+x footprint area (capped at the tile's area), in depth order (csrc/prune_tiles.h). The count of dropped
+entries comes back as a device tensor (RenderOutputs.pruned), read by no one here: no host sync. With
+pruning off, long tiles are composited in chunks and reloaded for the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.cuda import ops
+from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
+
+
+@dataclass
+class FusedLoss:
+    """Weights of the training loss: l1 * L1 + l2 * MSE + ssim * (1 - SSIM), as splatfacto's with l2 = 0."""
+
+    l1: float = 0.8
+    l2: float = 0.0
+    ssim: float = 0.2
+    clamp: bool = True
+    """Clamp the prediction to [0, 1] before the loss, as the model does."""
+    ssim_fn: Callable[[Tensor, Tensor], Tensor] | None = field(default=None, repr=False)
+    """SSIM of (gt, pred) as [1, 3, H, W] images; None: pytorch_msssim's, as splatfacto (data_range 1)."""
+
+
+@dataclass
+class FusedLossOutputs:
+    loss: Tensor  # [] differentiable: backward hands out the fused kernel's gradients
+    rgb: Tensor | None  # [H, W, 3] the clamped prediction (detached), when rendered (the SSIM pass or want_image)
+    alpha: Tensor | None  # [H, W, 1]
+    means2d: Tensor  # [1, N, 2] .grad / .absgrad after backward, for densification
+    radii: Tensor  # [1, N] int32
+    pruned: Tensor  # [1] int32 tile entries dropped by on-chip pruning
+    width: int
+    height: int
+
+    def strategy_info(self) -> dict[str, object]:
+        """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera)."""
+        return {"means2d": self.means2d, "radii": self.radii, "width": self.width, "height": self.height,
+                "n_cameras": 1, "gaussian_ids": None}  # fmt: skip
+
+
+@dataclass
+class Prepared:
+    """One camera's splats after gsplat's projection, SH and binning (and our pruning)."""
+
+    means2d: Tensor  # [1, N, 2]
+    conics: Tensor  # [1, N, 3]
+    colors: Tensor  # [1, N, D]
+    opacities: Tensor  # [1, N]
+    radii: Tensor  # [1, N] int32
+    tiles: ops.TileLists
+    capacity: int
+
+
+def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_depth: bool) -> Prepared:
+    """Projection, SH and tile binning through gsplat's kernels, called as gsplat's `rasterization()` calls them."""
+    from gsplat.cuda._wrapper import fully_fused_projection, isect_offset_encode, isect_tiles, spherical_harmonics
+
+    if opts.tile_size != ops.TILE_SIZE:
+        raise ValueError(
+            f"The fused renderer uses {ops.TILE_SIZE}x{ops.TILE_SIZE} tiles, got tile_size={opts.tile_size}."
+        )
+    viewmats, Ks = camera.viewmat[None], camera.K[None]  # [1, 4, 4], [1, 3, 3]
+    radii, means2d, depths, conics, _ = fully_fused_projection(
+        splats.means, None, splats.quats, splats.scales, viewmats, Ks, camera.width, camera.height,
+        eps2d=opts.eps2d, near_plane=opts.near_plane, far_plane=opts.far_plane, radius_clip=0.0, packed=False,
+        sparse_grad=False, calc_compensations=False, camera_model="pinhole",
+    )  # fmt: skip
+    if opts.sh_degree is None:
+        colors = splats.colors[None]  # [1, N, 3]
+    else:
+        campos = torch.inverse(viewmats)[:, :3, 3]  # [1, 3]
+        dirs = splats.means[None] - campos[:, None, :]  # [1, N, 3]
+        colors = spherical_harmonics(opts.sh_degree, dirs, splats.colors[None], masks=radii > 0)
+        colors = torch.clamp_min(colors + 0.5, 0.0)  # [1, N, 3]
+    if with_depth:
+        colors = torch.cat([colors, depths[..., None]], dim=-1)  # [1, N, 4]
+    opacities = splats.opacities[None]  # [1, N]
+
+    tiles_x, tiles_y = math.ceil(camera.width / ops.TILE_SIZE), math.ceil(camera.height / ops.TILE_SIZE)
+    _, isect_ids, flatten_ids = isect_tiles(means2d, radii, depths, ops.TILE_SIZE, tiles_x, tiles_y, packed=False)
+    offsets = isect_offset_encode(isect_ids, 1, tiles_x, tiles_y)  # [1, tiles_y, tiles_x]
+    capacity = ops.tile_capacity(means2d.device, colors.shape[-1])
+    tiles = ops.tile_lists(
+        offsets, flatten_ids, means2d[0], conics[0], opacities[0], capacity if opts.prune_on_chip else None
+    )
+    return Prepared(means2d, conics, colors, opacities, radii, tiles, capacity)
+
+
+def rasterize_fused(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
+    _check_dtype(splats)
+    prep = prepare(splats, camera, opts, with_depth=opts.render_depth)
+    render, alpha = ops.rasterize_pixels(
+        prep.means2d, prep.conics[0], prep.colors[0], prep.opacities[0], prep.tiles, camera.width, camera.height,
+        prep.capacity, absgrad=opts.absgrad,
+    )  # fmt: skip
+    rgb = render[..., :3]
+    if opts.background is not None:
+        rgb = rgb + (1.0 - alpha) * opts.background
+    depth = render[..., 3:4] / alpha.clamp_min(1e-10) if opts.render_depth else None
+    return RenderOutputs(
+        rgb=rgb, alpha=alpha, depth=depth, means2d=prep.means2d, radii=prep.radii, width=camera.width,
+        height=camera.height, backend="fused", pruned=prep.tiles.pruned,
+    )  # fmt: skip
+
+
+def fused_loss_step(
+    splats: Splats,
+    camera: RasterCamera,
+    opts: RasterizeOptions,
+    gt: Tensor,  # [H, W, 3] target, already composited over opts.background as the model does
+    loss: FusedLoss | None = None,
+    want_image: bool = False,
+) -> FusedLossOutputs:
+    """Render and compute the loss and all rasterizer gradients with the fused kernel (module docstring)."""
+    _check_dtype(splats)
+    loss = FusedLoss() if loss is None else loss
+    if tuple(gt.shape) != (camera.height, camera.width, 3):
+        raise ValueError(
+            f"fused_loss_step(): gt has shape {tuple(gt.shape)}, expected ({camera.height}, {camera.width}, 3)."
+        )
+    prep = prepare(splats, camera, opts, with_depth=False)
+    value, rgb, alpha = fused_loss_raster(
+        prep.means2d, prep.conics[0], prep.colors[0], prep.opacities[0], prep.tiles, gt, opts.background, loss,
+        prep.capacity, absgrad=opts.absgrad, want_image=want_image,
+    )  # fmt: skip
+    return FusedLossOutputs(
+        loss=value, rgb=rgb, alpha=alpha, means2d=prep.means2d, radii=prep.radii, pruned=prep.tiles.pruned,
+        width=camera.width, height=camera.height,
+    )  # fmt: skip
+
+
+def fused_loss_raster(
+    means2d: Tensor,  # [1, N, 2] or [N, 2]
+    conics: Tensor,  # [N, 3]
+    colors: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    tiles: ops.TileLists,
+    gt: Tensor,  # [H, W, 3]
+    background: Tensor | None,  # [3]
+    loss: FusedLoss,
+    capacity: int,
+    absgrad: bool = False,
+    want_image: bool = False,
+    poison: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The loss path on projected splats: -> loss [] (differentiable), rgb [H, W, 3] (clamped prediction,
+    detached) and alpha [H, W, 1], both None unless rendered (SSIM pass or want_image)."""
+    height, width = gt.shape[:2]
+    gt = gt.detach().to(torch.float32).contiguous()
+    v_extra = ssim_term = rgb = alpha = None
+    if loss.ssim > 0:
+        render, alpha = ops.render_pixels(means2d, conics, colors, opacities, tiles, width, height, poison=poison)
+        rgb = _compose(render, alpha, background, loss.clamp)
+        v_extra, ssim_term = _ssim_gradient(rgb, gt, loss)
+        want_image = False  # already rendered
+    weights = ops.LossWeights(l1=loss.l1, l2=loss.l2, clamp=loss.clamp)
+    value, render_k, alpha_k = ops.loss_pixels(
+        means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra=v_extra,
+        extra_loss=ssim_term, absgrad=absgrad, want_image=want_image, poison=poison,
+    )  # fmt: skip
+    if want_image:
+        rgb, alpha = _compose(render_k, alpha_k, background, loss.clamp), alpha_k
+    return value, rgb, alpha
+
+
+def _compose(render: Tensor, alpha: Tensor, background: Tensor | None, clamp: bool) -> Tensor:
+    rgb = render if background is None else render + (1.0 - alpha) * background
+    return rgb.clamp(0.0, 1.0) if clamp else rgb
+
+
+def _ssim_gradient(pred: Tensor, gt: Tensor, loss: FusedLoss) -> tuple[Tensor, Tensor]:
+    """-> (d [ssim * (1 - SSIM(gt, pred))] / d pred [H, W, 3], that term's value [])."""
+    ssim_fn = loss.ssim_fn if loss.ssim_fn is not None else _default_ssim
+    with torch.enable_grad():
+        leaf = pred.detach().requires_grad_(True)
+        term = loss.ssim * (1.0 - ssim_fn(gt.permute(2, 0, 1)[None], leaf.permute(2, 0, 1)[None]))
+        (grad,) = torch.autograd.grad(term, leaf)
+    return grad.contiguous(), term.detach()
+
+
+def _default_ssim(x: Tensor, y: Tensor) -> Tensor:
+    from pytorch_msssim import ssim
+
+    return ssim(x, y, data_range=1.0, size_average=True)
+
+
+def _check_dtype(splats: Splats) -> None:
+    if splats.means.dtype != torch.float32 or not splats.means.is_cuda:
+        raise ValueError(
+            f"The fused renderer takes float32 CUDA tensors, got {splats.means.dtype} on {splats.means.device}; "
+            "use the torch renderer otherwise."
+        )

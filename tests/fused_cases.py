@@ -1,0 +1,311 @@
+"""GPU helpers of tests/test_fused_backend.py: random 2D scenes, the float64 reference on the same numbers and
+tile lists, and the comparisons. Imported only where CUDA is available."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.cuda import ops
+from bytesplat_ns.render import RasterCamera, RasterizeOptions, rasterize
+from bytesplat_ns.render import torch_backend as ref
+from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_raster, fused_loss_step
+from bytesplat_ns.render.projection import Projected
+from bytesplat_ns.render.tiles import TileBins, bin_tiles
+
+DEVICE = "cuda"
+F64 = torch.float64
+
+
+@dataclass
+class Scene:
+    means2d: Tensor  # [N, 2] float32
+    conics: Tensor  # [N, 3]
+    colors: Tensor  # [N, D]
+    opacities: Tensor  # [N]
+    depths: Tensor  # [N]
+    radii: Tensor  # [N] int32
+    bins: TileBins
+    width: int
+    height: int
+
+
+def tolerances(image_atol, grad_rtol, shift, flipped_fraction, flipped_atol) -> dict:
+    return dict(image_atol=image_atol, grad_rtol=grad_rtol, shift=shift, flipped_fraction=flipped_fraction,
+                flipped_atol=flipped_atol)  # fmt: skip
+
+
+def device_capacity(channels: int) -> int:
+    return ops.tile_capacity(torch.device(DEVICE), channels)
+
+
+def random_2d_scene(count, width, height, seed, placement, channels, footprint=(0.5, 6.0), opacity=(0.05, 0.95),
+                    box=None, color_max=1.0) -> Scene:  # fmt: skip
+    """Projected splats drawn in float64, rounded to float32 once; depths on a shuffled grid (no ties).
+    placement "left": small splats in the left 30% only, so the tiles on the right stay empty."""
+    g = torch.Generator().manual_seed(seed)
+    if placement == "left":
+        footprint = (0.5, 1.5)
+    u = torch.rand(count, 2, generator=g, dtype=F64)
+    m = 0.1 * max(width, height)
+    x0, x1, y0, y1 = box or (-m, (0.3 * width if placement == "left" else width + m), -m, height + m)
+    means2d = torch.stack([x0 + (x1 - x0) * u[:, 0], y0 + (y1 - y0) * u[:, 1]], dim=-1)
+    lo, hi = footprint
+    std = lo * (hi / lo) ** torch.rand(count, generator=g, dtype=F64)
+    s = std[:, None] * torch.exp(0.4 * torch.randn(count, 2, generator=g, dtype=F64))
+    angle = math.pi * torch.rand(count, generator=g, dtype=F64)
+    c, sn = torch.cos(angle), torch.sin(angle)
+    cxx = c * c * s[:, 0] ** 2 + sn * sn * s[:, 1] ** 2 + 0.3
+    cyy = sn * sn * s[:, 0] ** 2 + c * c * s[:, 1] ** 2 + 0.3
+    cxy = c * sn * (s[:, 0] ** 2 - s[:, 1] ** 2)
+    det = cxx * cyy - cxy * cxy
+    conics = torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1)
+    half = 0.5 * (cxx + cyy)
+    radii = torch.ceil(3.0 * torch.sqrt(half + torch.sqrt(torch.clamp(half * half - det, min=0.01))))
+    radii[torch.rand(count, generator=g) < 0.03] = 0  # a few culled splats: they must get no gradient
+    o_lo, o_hi = opacity
+    opacities = o_lo + (o_hi - o_lo) * torch.rand(count, generator=g, dtype=F64)
+    colors = color_max * torch.rand(count, 3, generator=g, dtype=F64)
+    depths = 1.0 + 9.0 * (torch.randperm(count, generator=g).to(F64) + 0.5) / count
+    if channels == 4:
+        colors = torch.cat([colors, depths[:, None]], dim=-1)
+    f32 = lambda t: t.to(device=DEVICE, dtype=torch.float32).contiguous()  # noqa: E731
+    means2d, conics, colors, opacities, depths = map(f32, (means2d, conics, colors, opacities, depths))
+    radii = radii.to(device=DEVICE, dtype=torch.int32)
+    tiles_x, tiles_y = math.ceil(width / 16), math.ceil(height / 16)
+    bins = bin_tiles(means2d, radii, depths, tiles_x, tiles_y, 16)
+    return Scene(means2d, conics, colors, opacities, depths, radii, bins, width, height)
+
+
+def overflowing_scene(seed: int, width: int, height: int) -> Scene:
+    """8000 small splats over one 16x16 tile: its list is longer than any GPU's on-chip capacity."""
+    return random_2d_scene(8000, width, height, seed, "spread", channels=4, footprint=(0.3, 1.0),
+                           opacity=(0.05, 0.6), box=(16.0, 32.0, 0.0, 16.0))  # fmt: skip
+
+
+def lists_from_bins(bins: TileBins) -> ops.TileLists:
+    k = bins.max_per_tile
+    counts = bins.counts
+    mask = torch.arange(k, device=counts.device)[None] < counts[:, None]
+    start = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+    ids = bins.tile_splats[mask].to(torch.int32).contiguous()
+    none = torch.zeros(1, dtype=torch.int32, device=counts.device)
+    end = (start + counts).to(torch.int32)
+    return ops.TileLists(start=start, end=end, ids=ids, tiles_x=bins.tiles_x, tiles_y=bins.tiles_y, pruned=none)
+
+
+def bins_from_lists(lists: ops.TileLists, n: int) -> TileBins:
+    counts = (lists.end - lists.start).long()
+    k = int(counts.max()) if counts.numel() else 0
+    slots = torch.arange(k, device=counts.device)
+    index = (lists.start.long()[:, None] + slots[None]).clamp_max(max(lists.ids.numel() - 1, 0))
+    table = torch.where(slots[None] < counts[:, None], lists.ids.long()[index], n)
+    return TileBins(tile_splats=table, counts=counts, tiles_x=lists.tiles_x, tiles_y=lists.tiles_y)
+
+
+@contextlib.contextmanager
+def shifted_cutoffs(factor: float):
+    saved = ref.ALPHA_MIN, ref.TRANSMITTANCE_MIN
+    ref.ALPHA_MIN, ref.TRANSMITTANCE_MIN = saved[0] * factor, saved[1] * factor
+    try:
+        yield
+    finally:
+        ref.ALPHA_MIN, ref.TRANSMITTANCE_MIN = saved
+
+
+def reference(scene: Scene, bins: TileBins, grad: bool = True):
+    """float64 composite of the same float32 numbers: -> image [H, W, D], alpha [H, W, 1], leaves, absgrad."""
+    leaves = [t.to(F64).requires_grad_(grad) for t in (scene.means2d, scene.conics, scene.colors, scene.opacities)]
+    proj = Projected(means2d=leaves[0], conics=leaves[1], depths=scene.depths.to(F64), radii=scene.radii)
+    cam = RasterCamera(torch.eye(4, dtype=F64), torch.eye(3, dtype=F64), scene.width, scene.height)
+    absgrad = torch.zeros(scene.means2d.shape[0] + 1, 2, dtype=F64, device=DEVICE)
+    image, alpha = ref.composite(leaves[0], proj, leaves[3], leaves[2], bins, cam, 16, absgrad if grad else None)
+    return image, alpha, leaves, absgrad
+
+
+def flipped_pixels(scene: Scene, bins: TileBins, shift: float) -> Tensor:
+    """[H, W] pixels where a cut-off moved by `shift` (relative) changes the reference."""
+    with torch.no_grad():
+        with shifted_cutoffs(1.0 - shift):
+            lo = torch.cat(reference(scene, bins, grad=False)[:2], dim=-1)
+        with shifted_cutoffs(1.0 + shift):
+            hi = torch.cat(reference(scene, bins, grad=False)[:2], dim=-1)
+    return (lo - hi).abs().amax(dim=-1) > 1e-9
+
+
+def assert_image_close(actual: Tensor, expected: Tensor, flipped: Tensor, tol: dict, what: str) -> None:
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert torch.isfinite(actual).all(), f"{what}: NaN or unwritten (poisoned) values"
+    diff = (actual.double() - expected).abs().amax(dim=-1)
+    share = flipped.double().mean().item()
+    assert share <= tol["flipped_fraction"], f"{what}: {share:.2%} of pixels sit on a cut-off"
+    assert diff[~flipped].max().item() <= tol["image_atol"], f"{what}: max diff {diff[~flipped].max().item():.3g}"
+    if flipped.any():
+        assert diff[flipped].max().item() <= tol["flipped_atol"], f"{what}: {diff[flipped].max().item():.3g}"
+
+
+def assert_grad_close(actual: Tensor, expected: Tensor, rtol: float, what: str) -> None:
+    assert actual is not None and actual.shape == expected.shape, what
+    assert torch.isfinite(actual).all(), f"{what}: non-finite gradient"
+    ref_norm = expected.norm().item()
+    err = (actual.double() - expected).norm().item()
+    assert err <= rtol * ref_norm or (ref_norm == 0 and err == 0), f"{what}: |err| {err:.3g}, |ref| {ref_norm:.3g}"
+
+
+def _capacity(capacity, channels: int) -> int:
+    return device_capacity(channels) if capacity == "device" else int(capacity)
+
+
+def _leaves(scene: Scene) -> list[Tensor]:
+    return [scene.means2d[None].clone().requires_grad_(True)] + [
+        t.clone().requires_grad_(True) for t in (scene.conics, scene.colors, scene.opacities)
+    ]
+
+
+def _compare_grads(leaves, ref_leaves, ref_absgrad, scene: Scene, rtol: float) -> None:
+    names = ("means2d", "conics", "colors", "opacities")
+    for name, leaf, ref_leaf in zip(names, leaves, ref_leaves):
+        assert_grad_close(leaf.grad.reshape(ref_leaf.shape), ref_leaf.grad, rtol, name)
+    assert_grad_close(leaves[0].absgrad[0], ref_absgrad[:-1], rtol, "means2d.absgrad")
+    culled = scene.radii == 0
+    for leaf in leaves:
+        assert (leaf.grad.reshape(scene.radii.shape[0], -1)[culled] == 0).all(), "culled splats got a gradient"
+
+
+def check_autograd_path(scene: Scene, capacity, tol: dict, lists: ops.TileLists | None = None) -> None:
+    bins = scene.bins if lists is None else bins_from_lists(lists, scene.means2d.shape[0])
+    lists = lists_from_bins(scene.bins) if lists is None else lists
+    channels = scene.colors.shape[-1]
+    leaves = _leaves(scene)
+    render, alpha = ops.rasterize_pixels(*leaves, lists, scene.width, scene.height, _capacity(capacity, channels),
+                                         absgrad=True, poison=True)  # fmt: skip
+    g = torch.Generator(device=DEVICE).manual_seed(scene.means2d.shape[0])
+    w_render = torch.randn(*render.shape, generator=g, device=DEVICE, dtype=F64)
+    w_alpha = torch.randn(*alpha.shape, generator=g, device=DEVICE, dtype=F64)
+    ((render * w_render.float()).sum() + (alpha * w_alpha.float()).sum()).backward()
+
+    image64, alpha64, ref_leaves, absgrad64 = reference(scene, bins)
+    ((image64 * w_render).sum() + (alpha64 * w_alpha).sum()).backward()
+    flipped = flipped_pixels(scene, bins, tol["shift"])
+    assert_image_close(render, image64, flipped, tol, "render")
+    assert_image_close(alpha, alpha64, flipped, tol, "alpha")
+    _compare_grads(leaves, ref_leaves, absgrad64, scene, tol["grad_rtol"])
+
+
+def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, tol: dict) -> None:
+    from pytorch_msssim import ssim
+
+    lists = lists_from_bins(scene.bins)
+    g = torch.Generator(device=DEVICE).manual_seed(scene.means2d.shape[0] + 1)
+    gt = torch.rand(scene.height, scene.width, 3, generator=g, device=DEVICE)
+    bg = torch.tensor(background, device=DEVICE)
+    leaves = _leaves(scene)
+    loss = FusedLoss(**weights)
+    value, rgb, _ = fused_loss_raster(*leaves, lists, gt, bg, loss, device_capacity(3), absgrad=True,
+                                      want_image=True, poison=True)  # fmt: skip
+    value.backward()
+
+    image64, alpha64, ref_leaves, absgrad64 = reference(scene, scene.bins)
+    pred = torch.clamp(image64 + (1.0 - alpha64) * bg.to(F64), 0.0, 1.0)
+    diff = pred - gt.to(F64)
+    expected = loss.l1 * diff.abs().mean() + loss.l2 * (diff * diff).mean()
+    if loss.ssim > 0:
+        expected = expected + loss.ssim * (1.0 - ssim(gt.to(F64).permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None],
+                                                      data_range=1.0, size_average=True))  # fmt: skip
+    expected.backward()
+    assert abs(value.item() - expected.item()) <= loss_rtol * abs(expected.item()), (value.item(), expected.item())
+    assert_image_close(rgb, pred.detach(), flipped_pixels(scene, scene.bins, tol["shift"]), tol, "rgb")
+    _compare_grads(leaves, ref_leaves, absgrad64, scene, tol["grad_rtol"])
+
+
+def prune_scores(scene: Scene, ids: Tensor, tile: int, tiles_x: int) -> Tensor:
+    """The pruning criterion (csrc/prune_tiles.h) in float64."""
+    x0, y0 = float(tile % tiles_x * 16), float(tile // tiles_x * 16)
+    m = scene.means2d[ids].to(F64)
+    a, b, c = scene.conics[ids].to(F64).unbind(-1)
+    dx = m[:, 0] - m[:, 0].clamp(x0, x0 + 16)
+    dy = m[:, 1] - m[:, 1].clamp(y0, y0 + 16)
+    sigma = (0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy).clamp_min(0)
+    area = (2 * math.pi / torch.sqrt((a * c - b * b).clamp_min(1e-30))).clamp_max(256.0)
+    return scene.opacities[ids].to(F64) * torch.exp(-sigma) * area
+
+
+def check_pruning(scene: Scene, capacity: int, score_rtol: float) -> None:
+    full = lists_from_bins(scene.bins)
+    offsets = full.start.reshape(full.tiles_y, full.tiles_x)
+    pruned = ops.tile_lists(offsets, full.ids.clone(), scene.means2d, scene.conics, scene.opacities, capacity)
+    counts = (full.end - full.start).long()
+    assert torch.equal((pruned.end - pruned.start).long(), counts.clamp_max(capacity))
+    assert int(pruned.pruned.item()) == int((counts - capacity).clamp_min(0).sum())
+    overflowing = (counts > capacity).nonzero().flatten().tolist()
+    assert overflowing, "the scene must overflow the small capacity"
+    for tile in overflowing[:40]:
+        s = int(full.start[tile])
+        orig = full.ids[s : int(full.end[tile])].long()
+        kept = pruned.ids[s : s + capacity].long()
+        where = {int(v): i for i, v in enumerate(orig.tolist())}
+        positions = [where[int(v)] for v in kept.tolist()]
+        assert positions == sorted(positions) and len(set(positions)) == capacity, "depth order lost"
+        dropped = torch.ones(orig.shape[0], dtype=torch.bool, device=orig.device)
+        dropped[positions] = False
+        scores = prune_scores(scene, orig, tile, full.tiles_x)
+        assert scores[~dropped].min() >= scores[dropped].max() * (1 - score_rtol), f"tile {tile}: weaker kept"
+    check_autograd_path(scene, "device", tolerances(1e-4, 1e-3, 1e-4, 0.02, 0.02), lists=pruned)
+
+
+def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float) -> None:
+    from tests.test_gsplat_parity import _assert_mostly_close, _on_device, _render_and_backprop, build_scene
+
+    scene, cam32, _ = build_scene(20000, 203, 157, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weights = {name: torch.randn(157, 203, d, generator=gen, dtype=F64).to(DEVICE)
+               for name, d in (("rgb", 3), ("alpha", 1), ("depth", 1))}  # fmt: skip
+    weights["depth"] *= 0.1
+    gs = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "gsplat", weights)
+    fu = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "fused", weights)
+    one = torch.ones((), dtype=F64, device=DEVICE)
+    for name in ("rgb", "alpha"):
+        assert torch.isfinite(fu[name]).all(), name
+        _assert_mostly_close(fu[name], gs[name].double(), one, image_atol, 0.03, name)
+    assert torch.equal(fu["radii"], gs["radii"])
+    for name in ("means", "quats", "scales", "opacities", "colors", "means2d"):
+        assert_grad_close(fu[f"{name}.grad"], gs[f"{name}.grad"].double(), grad_rtol, f"fused vs gsplat: {name}.grad")
+    assert_grad_close(fu["means2d.absgrad"], gs["means2d.absgrad"].double(), grad_rtol, "fused vs gsplat: absgrad")
+
+
+def check_fused_loss_step(seed: int, grad_rtol: float, loss_rtol: float) -> None:
+    from pytorch_msssim import ssim
+
+    from tests.test_gsplat_parity import _on_device, build_scene
+
+    scene, cam, _ = build_scene(20000, 203, 157, seed)
+    gt = torch.rand(157, 203, 3, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    opts = RasterizeOptions(sh_degree=3, background=torch.tensor([0.2, 0.4, 0.6], device=DEVICE), absgrad=True,
+                            backend="fused")  # fmt: skip
+    results = []
+    for fused in (True, False):
+        splats = _on_device(scene, torch.float32, True)
+        if fused:
+            out = fused_loss_step(splats, cam, opts, gt, FusedLoss(), want_image=True)
+            out.means2d.retain_grad()
+            loss = out.loss
+        else:
+            out = rasterize(splats, cam, opts)
+            out.means2d.retain_grad()
+            pred = out.rgb.clamp(0.0, 1.0)
+            loss = 0.8 * (pred - gt).abs().mean() + 0.2 * (
+                1 - ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
+            )
+        loss.backward()
+        grads = {n: getattr(splats, n).grad for n in ("means", "quats", "scales", "opacities", "colors")}
+        grads["means2d"], grads["absgrad"] = out.means2d.grad, out.means2d.absgrad
+        results.append((loss.item(), grads, int(out.pruned.item())))
+    (fused_loss, fused_grads, pruned), (auto_loss, auto_grads, _) = results
+    assert abs(fused_loss - auto_loss) <= loss_rtol * abs(auto_loss), (fused_loss, auto_loss)
+    assert pruned >= 0
+    for name, grad in fused_grads.items():
+        assert_grad_close(grad, auto_grads[name].double(), grad_rtol, f"fused_loss_step: {name}")
