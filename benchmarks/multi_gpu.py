@@ -36,26 +36,31 @@ ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
 
 
-def train_lego(data: Path, views: int, gpus: int, out: Path) -> dict:
-    run_dir = out / "lego" / "bytesplat" / f"gpus{gpus}"
+def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True
+               ) -> dict:  # fmt: skip
+    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}")
+    run_dir = out / "lego" / "bytesplat" / name
     cmd = [
         "ns-train", "bytesplat", "--data", str(data), "--max-num-iterations", str(views),
         "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", "lego",
-        "--timestamp", f"gpus{gpus}", "--vis", "tensorboard", "--steps-per-eval-image", "0",
+        "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
         "--pipeline.model.background-color", "white", "blender-data",
     ]  # fmt: skip
     print("$ " + " ".join(cmd), flush=True)
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"lego-gpus{gpus}.log", "w") as log:
+    with open(out / f"lego-{name}.log", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
     stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
+    record = {"gpus": gpus, "exchange": exchange, "views": views, "wall_s": wall, **stats}
+    if not evaluate:
+        return record
     evaluate = ["ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(run_dir / "eval.json")]
     subprocess.run(evaluate, check=True, stdout=subprocess.DEVNULL)
     test = json.loads((run_dir / "eval.json").read_text())["results"]
-    return {"gpus": gpus, "views": views, "wall_s": wall, "test_psnr": test["psnr"], "test_ssim": test["ssim"], **stats}
+    return {**record, "test_psnr": test["psnr"], "test_ssim": test["ssim"]}
 
 
 def room_splats(n: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -175,9 +180,23 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "multi_gpu.json")
     parser.add_argument("--skip-lego", action="store_true")
     parser.add_argument(
+        "--probe",
+        nargs="+",
+        default=None,
+        metavar="GPUS[:EXCHANGE]",
+        help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 (no JSON written)",
+    )
+    parser.add_argument(
         "--cpu-smoke", action="store_true", help="tiny room on the CPU (gloo), no lego: checks the script"
     )
     args = parser.parse_args()
+    if args.probe:
+        for probe in args.probe:
+            gpus, _, exchange = probe.partition(":")
+            run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False)
+            keys = ("views_per_second", "step_seconds", "exchange_seconds", "steps", "exchange_reduction")
+            print(probe, {k: run[k] for k in keys}, flush=True)
+        return
     room = measure_room(args.out, smoke=args.cpu_smoke)
     if args.cpu_smoke:
         print(json.dumps(room, indent=2))

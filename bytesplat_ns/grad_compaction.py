@@ -110,12 +110,23 @@ def average_sparse_rows(grads: list[Tensor], half: bool = False, note: int = 0, 
     )
 
 
-def average_dense(grads: list[Tensor], group=None) -> None:
-    """Plain all-reduce mean of dense gradients (camera optimizer, bilateral grid), in one flat buffer."""
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+def average_dense(grads: list[Tensor], note: int | None = None, group=None) -> ExchangeStats:
+    """Plain all-reduce mean of dense gradients, in one flat buffer (camera optimizer, bilateral grid; or every
+    gradient with --pipeline.exchange dense). With `note`, every rank's note travels in W extra slots."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    device = grads[0].device if grads else torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+    parts = [g.reshape(-1) for g in grads]
+    if note is not None:
+        slots = torch.zeros(world, device=device)
+        slots[rank] = note
+        parts.append(slots)
+    if not parts:
+        return ExchangeStats(sent_bytes=0, dense_bytes=0, rows=0, notes=[])
+    flat = torch.cat(parts)
     dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
-    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+    values = flat[: flat.numel() - (world if note is not None else 0)].div_(world)
+    for grad, part in zip(grads, values.split([g.numel() for g in grads])):
         grad.copy_(part.reshape(grad.shape))
+    notes = [int(n) for n in flat[values.numel() :].tolist()] if note is not None else []  # host sync
+    dense_bytes = 2 * (world - 1) * values.numel() * 4 // world
+    return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, rows=0, notes=notes)

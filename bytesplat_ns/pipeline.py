@@ -26,6 +26,9 @@ from bytesplat_ns.input_checks import BadInputError
 @dataclass
 class ByteSplatPipelineConfig(VanillaPipelineConfig):
     _target: type = field(default_factory=lambda: ByteSplatPipeline)
+    exchange: Literal["compact", "dense"] = "compact"
+    """How several GPUs average the splat gradients: compact (only the rows each view touched: sparse-gradient
+    compaction) or dense (one all-reduce of everything, for comparison)."""
     half_precision_exchange: bool = False
     """Send the compacted gradient values as float16 (half the bytes; the sum is formed in float32)."""
 
@@ -89,12 +92,16 @@ class ByteSplatPipeline(VanillaPipeline):
         for param in splat_params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        stats = average_sparse_rows([p.grad for p in splat_params], half=self.config.half_precision_exchange,
-                                    note=note)  # fmt: skip
         others = [p for group in self.get_param_groups().values() for p in group if id(p) not in splat_ids]
         for param in others:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        average_dense([p.grad for p in others])
+        splat_grads, other_grads = [p.grad for p in splat_params], [p.grad for p in others]
+        if self.config.exchange == "dense":
+            stats = average_dense(splat_grads + other_grads, note=note)
+            stats.dense_bytes = stats.sent_bytes
+        else:
+            stats = average_sparse_rows(splat_grads, half=self.config.half_precision_exchange, note=note)
+            average_dense(other_grads)
         self.last_exchange = stats
         return stats

@@ -25,10 +25,13 @@ class RunStats:
     """Sum over steps of the bytes each rank sent in the compacted exchange."""
     exchange_dense_bytes: int = 0
     """Sum over steps of what a dense ring all-reduce of the same gradients would have sent per rank."""
+    exchange_seconds: float = 0.0
+    """Sum of the host wall time spent in the gradient exchange (its host syncs included)."""
 
-    def add_step(self, seconds: float, exchange: ExchangeStats | None) -> None:
+    def add_step(self, seconds: float, exchange: ExchangeStats | None, exchange_seconds: float = 0.0) -> None:
         self.steps += 1
         self.step_seconds += seconds
+        self.exchange_seconds += exchange_seconds
         if exchange is not None:
             self.exchange_sent_bytes += exchange.sent_bytes
             self.exchange_dense_bytes += exchange.dense_bytes
@@ -50,8 +53,10 @@ class RunStats:
         if self.exchange_reduction is not None:
             per_step = self.exchange_sent_bytes / self.steps / 2**20
             dense = self.exchange_dense_bytes / self.steps / 2**20
+            ms = 1000 * self.exchange_seconds / self.steps
+            less = 100 * self.exchange_reduction
             rows.append(("Gradient exchange", f"{per_step:.2f} MiB/step per GPU vs {dense:.2f} MiB for a dense "
-                                              f"all-reduce ({100 * self.exchange_reduction:.1f}% less)"))  # fmt: skip
+                                              f"all-reduce ({less:.1f}% less), {ms:.2f} ms/step"))  # fmt: skip
         return rows
 
     def write(self, path: Path, **extra: object) -> None:

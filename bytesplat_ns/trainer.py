@@ -177,7 +177,7 @@ class ByteSplatTrainer(Trainer):
     # -- the step ---------------------------------------------------------------------------------
     def train_iteration(self, step: int):
         started = time.perf_counter()
-        exchange = None
+        exchange, exchange_s = None, 0.0
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
@@ -189,7 +189,9 @@ class ByteSplatTrainer(Trainer):
         self.grad_scaler.scale(loss).backward()
         guarded_loss = loss
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
+            exchange_started = time.perf_counter()
             exchange = self.pipeline.average_gradients(note=self.control.note())
+            exchange_s = time.perf_counter() - exchange_started
             self.control.agree(exchange.notes)
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
         if self.guard.check_every > 0:
@@ -201,7 +203,7 @@ class ByteSplatTrainer(Trainer):
         self.grad_scaler.update()
         if scale <= self.grad_scaler.get_scale():
             optimizers.scheduler_step_all(step)
-        self.stats.add_step(time.perf_counter() - started, exchange)
+        self.stats.add_step(time.perf_counter() - started, exchange, exchange_s)
         return loss, loss_dict, metrics_dict
 
     # -- stopping, memory, checkpoints ------------------------------------------------------------

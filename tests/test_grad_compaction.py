@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bytesplat_ns.datamanager import camera_shard, epoch_order
-from bytesplat_ns.grad_compaction import average_sparse_rows
+from bytesplat_ns.grad_compaction import average_dense, average_sparse_rows
 
 ROWS = 600
 SHAPES = [(3,), (15, 3), (1,), (4,)]  # means, features_rest, opacities, quats
@@ -48,6 +48,10 @@ def _worker(rank: int, world: int, init_file: str, half: bool) -> None:
                 assert rel <= (REL_TOL_FP16 if half else REL_TOL_FP32), (case, got.shape, rel)
             if case != "dense" and not half:
                 assert stats.sent_bytes < stats.dense_bytes, stats
+            plain = [g.clone() for g in grads]
+            assert average_dense(plain, note=rank).notes == list(range(world))
+            for got, want in zip(plain, dense):
+                assert torch.allclose(got, want, rtol=REL_TOL_FP32, atol=1e-7)
             gathered = [torch.zeros_like(compact[0]) for _ in range(world)]  # every rank holds the same result
             dist.all_gather(gathered, compact[0])
             assert all(torch.equal(g, gathered[0]) for g in gathered)
