@@ -394,12 +394,24 @@ PER_RUN_FIELDS = ("psnr", "ssim", "lpips", "startup_s", "train_s", "eval_s", "st
                   "bytes_exchanged", "time_to_target", "curve", "views", "heldout_views", "config")  # fmt: skip
 
 
-def run_cpu_study(scene, out, baseline: str, steps: int, eval_every: int):
+def run_cpu_study(scene, out, baseline: str, steps: int, eval_every: int, num_devices: int = 1):
     """One seed, bytesplat as the candidate, on the CPU; returns the output folder."""
     main(["--data", str(scene), "--baseline", baseline, "--candidate", "bytesplat", "--steps", str(steps),
           "--seeds", "1", "--eval-every", str(eval_every), "--device", "cpu", "--output", str(out),
-          "--", "--pipeline.model.num-downscales", "0"])  # fmt: skip
+          "--num-devices", str(num_devices), "--", "--pipeline.model.num-downscales", "0"])  # fmt: skip
     return out
+
+
+@pytest.mark.slow
+def test_two_process_runs_record_the_bytes_exchanged(scene, tmp_path):
+    """--num-devices 2: each run trains in two processes (gloo on the CPU; NCCL on GPUs), rank 0 records it."""
+    out = run_cpu_study(scene, tmp_path / "two", baseline="bytesplat", steps=20, eval_every=10, num_devices=2)
+    runs = json.loads((out / "report.json").read_text())["runs"]
+    for run in runs:
+        assert run["status"] == "ok", run["error"]
+        assert run["steps"] == 20  # views, as --steps counts them: 10 steps of 2 views
+        assert [p["step"] for p in run["curve"]] == [5, 10]
+        assert run["bytes_exchanged"] > 0
 
 
 @pytest.fixture(scope="module")

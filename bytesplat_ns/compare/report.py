@@ -36,14 +36,15 @@ UNITS = {
     "peak_mem": ("MiB", "{:.0f}"),
     "splats": ("", "{:.0f}"),
     "time_to_target": ("s", "{:.2f}"),
+    "bytes_exchanged": ("MiB", "{:.1f}"),
 }
-"""metric -> (unit shown in report.md, format); peak_mem is stored in bytes and shown in MiB."""
+"""metric -> (unit shown in report.md, format); peak_mem and bytes_exchanged are stored in bytes, shown in MiB."""
 
 
 def _shown(metric: str, value: float | None) -> str:
     if value is None:
         return "n/a"
-    return UNITS[metric][1].format(value / 2**20 if metric == "peak_mem" else value)
+    return UNITS[metric][1].format(value / 2**20 if metric in ("peak_mem", "bytes_exchanged") else value)
 
 
 def failure_lines(runs: Sequence[RunRecord]) -> list[str]:

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 
 from bytesplat_ns.compare.records import CurvePoint, RunRecord
 
-METRICS = ("psnr", "ssim", "lpips", "train_s", "startup_s", "step_ms", "peak_mem", "splats", "time_to_target")
+METRICS = ("psnr", "ssim", "lpips", "train_s", "startup_s", "step_ms", "peak_mem", "splats", "time_to_target",
+           "bytes_exchanged")  # fmt: skip
 """Per-run quantities reported for each method and as paired differences (candidate - baseline)."""
 
 

@@ -6,8 +6,9 @@ output folder, and no viewer or periodic nerfstudio evaluation. Held-out PSNR is
 `eval_every` steps and after the last; that time is measured and taken out of the training time. At the
 end every held-out view is rendered (PNG) and scored, and `record.json` is written in the run folder.
 
-With --num-devices N > 1 the worker starts one process per GPU over NCCL, as ns-train does; rank 0 keeps
-the clock, evaluates and writes the record (bytesplat counts --steps in views: N views per step).
+With --num-devices N > 1 the worker starts one process per GPU over NCCL, as ns-train does (on the CPU: N
+processes over gloo); rank 0 keeps the clock, evaluates and writes the record (bytesplat counts --steps in
+views: N views per step).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def build_config(spec: RunSpec):
 
     if spec.method not in all_methods:
         raise SystemExit(f"Unknown method {spec.method!r}; registered: {', '.join(sorted(all_methods))}.")
-    machine = ["--machine.device-type", spec.device, "--machine.num-devices", str(spec.num_devices)]
+    # parsed as one process: ns-train's own check refuses several CPU processes (its launcher needs CUDA for
+    # them); the worker starts its processes itself, so on the CPU they run over gloo
+    machine = ["--machine.device-type", spec.device, "--machine.num-devices", "1"]
     config = tyro.cli(AnnotatedBaseConfigUnion, args=[spec.method, *machine, *spec.extra_args])
     config.data = Path(spec.data)
     config.pipeline.datamanager.data = config.data  # what ns-train does with --data
@@ -190,11 +193,13 @@ def run(spec: RunSpec) -> RunRecord:
 
 
 def _rank(rank: int, spec: RunSpec, config, record: RunRecord, init: str, result: Path) -> None:
-    """One GPU of a multi-GPU run (as nerfstudio's launcher sets it up, with its per-rank seed)."""
+    """One GPU (or CPU process) of a multi-GPU run, as nerfstudio's launcher sets it up, with its per-rank seed."""
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=spec.num_devices)
+    cuda = spec.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=spec.num_devices)
     _set_random_seed(config.machine.seed + rank)
     record = train_and_record(spec, config, record, rank=rank)
     if rank == 0:
