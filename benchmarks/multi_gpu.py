@@ -194,7 +194,7 @@ def main() -> None:
         for probe in args.probe:
             gpus, _, exchange = probe.partition(":")
             run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False)
-            keys = ("views_per_second", "step_seconds", "exchange_seconds", "steps", "exchange_reduction")
+            keys = ("views_per_second", "step_seconds", "steps", "phase_ms", "exchange_reduction")
             print(probe, {k: run[k] for k in keys}, flush=True)
         return
     room = measure_room(args.out, smoke=args.cpu_smoke)

@@ -1,18 +1,32 @@
-"""What a training run measured about itself: training throughput and gradient-exchange bytes.
+"""What a training run measured about itself: throughput, where the host's time per step goes, exchange bytes.
 
 Rank 0 shows them in the closing summary and writes them to `<run folder>/bytesplat_stats.json`, which the
-benchmarks read. Step times are host wall times around each training step (evaluations and checkpoints
-excluded); every step ends in a host sync on the GPU (the exchange's, or the model's), so they add up to
-the GPU's time too.
+benchmarks read. Times are host wall times: a whole training iteration (densification callbacks included;
+evaluations, logging and checkpoints between iterations excluded), split into phases: forward (data, render,
+loss), backward, exchange (several GPUs: the gradient exchange, its host syncs included), optimizer, and the
+callbacks. Host time of a phase includes waiting for the GPU only where the phase syncs.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bytesplat_ns.grad_compaction import ExchangeStats
+
+
+class PhaseClock:
+    """Laps of one training step, added into a RunStats."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.last = phases, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 @dataclass
@@ -20,18 +34,28 @@ class RunStats:
     views_per_step: int = 1
     steps: int = 0
     step_seconds: float = 0.0
-    """Sum of the training steps' wall times."""
+    """Sum of the training iterations' wall times."""
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    """Phase -> sum over steps of its host wall time (forward, backward, exchange, optimizer)."""
     exchange_sent_bytes: int = 0
     """Sum over steps of the bytes each rank sent in the compacted exchange."""
     exchange_dense_bytes: int = 0
     """Sum over steps of what a dense ring all-reduce of the same gradients would have sent per rank."""
-    exchange_seconds: float = 0.0
-    """Sum of the host wall time spent in the gradient exchange (its host syncs included)."""
+    _started: float | None = None
 
-    def add_step(self, seconds: float, exchange: ExchangeStats | None, exchange_seconds: float = 0.0) -> None:
-        self.steps += 1
-        self.step_seconds += seconds
-        self.exchange_seconds += exchange_seconds
+    def start_step(self) -> None:
+        self._started = time.perf_counter()
+
+    def end_step(self) -> None:
+        if self._started is not None:
+            self.steps += 1
+            self.step_seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def phase_clock(self) -> PhaseClock:
+        return PhaseClock(self.phase_seconds)
+
+    def add_exchange(self, exchange: ExchangeStats | None) -> None:
         if exchange is not None:
             self.exchange_sent_bytes += exchange.sent_bytes
             self.exchange_dense_bytes += exchange.dense_bytes
@@ -45,21 +69,30 @@ class RunStats:
         """1 - compacted / dense bytes (None without an exchange)."""
         return 1 - self.exchange_sent_bytes / self.exchange_dense_bytes if self.exchange_dense_bytes else None
 
+    def phase_ms(self) -> dict[str, float]:
+        """Mean host milliseconds per step of each phase, the callbacks being the rest of the iteration."""
+        steps = max(1, self.steps)
+        phases = {name: 1000 * seconds / steps for name, seconds in self.phase_seconds.items()}
+        phases["callbacks"] = 1000 * self.step_seconds / steps - sum(phases.values())
+        return phases
+
     def summary_rows(self) -> list[tuple[str, str]]:
+        step_ms = 1000 * self.step_seconds / max(1, self.steps)
+        phases = ", ".join(f"{name} {ms:.2f}" for name, ms in self.phase_ms().items())
         rows = [
             ("Training throughput", f"{self.views_per_second:.1f} views/s ({self.views_per_step} per step, "
-                                    f"{1000 * self.step_seconds / max(1, self.steps):.2f} ms/step)"),
+                                    f"{step_ms:.2f} ms/step: {phases})"),
         ]  # fmt: skip
         if self.exchange_reduction is not None:
             per_step = self.exchange_sent_bytes / self.steps / 2**20
             dense = self.exchange_dense_bytes / self.steps / 2**20
-            ms = 1000 * self.exchange_seconds / self.steps
             less = 100 * self.exchange_reduction
             rows.append(("Gradient exchange", f"{per_step:.2f} MiB/step per GPU vs {dense:.2f} MiB for a dense "
-                                              f"all-reduce ({less:.1f}% less), {ms:.2f} ms/step"))  # fmt: skip
+                                              f"all-reduce ({less:.1f}% less)"))  # fmt: skip
         return rows
 
     def write(self, path: Path, **extra: object) -> None:
-        record = {**asdict(self), "views_per_second": self.views_per_second,
-                  "exchange_reduction": self.exchange_reduction, **extra}  # fmt: skip
+        record = {name: value for name, value in asdict(self).items() if not name.startswith("_")}
+        record.update(views_per_second=self.views_per_second, exchange_reduction=self.exchange_reduction,
+                      phase_ms=self.phase_ms(), **extra)  # fmt: skip
         path.write_text(json.dumps(record, indent=2) + "\n")

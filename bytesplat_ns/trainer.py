@@ -27,6 +27,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils import writer
 from nerfstudio.utils.misc import step_check
@@ -143,6 +144,7 @@ class ByteSplatTrainer(Trainer):
             _exit(str(error))
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
         self.stats = RunStats(views_per_step=self.world_size)
+        self._time_iterations()
         self.stop_requested = False
         self.heldout_psnr: float | None = None
 
@@ -158,6 +160,14 @@ class ByteSplatTrainer(Trainer):
         )
         self._start_step = start
         rescale_resumed_optimizers(self.optimizers, self.config, start)
+
+    def _time_iterations(self) -> None:
+        """Stamp the start and end of every training iteration, callbacks (densification) included."""
+        before = TrainingCallback(
+            [TrainingCallbackLocation.BEFORE_TRAIN_ITERATION], lambda step: self.stats.start_step()
+        )
+        after = TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], lambda step: self.stats.end_step())
+        self.callbacks = [before, *self.callbacks, after]
 
     def _join_ranks(self) -> None:
         """After the checkpoint (if any) is loaded: the same splats everywhere, then watch each other."""
@@ -176,8 +186,8 @@ class ByteSplatTrainer(Trainer):
 
     # -- the step ---------------------------------------------------------------------------------
     def train_iteration(self, step: int):
-        started = time.perf_counter()
-        exchange, exchange_s = None, 0.0
+        clock = self.stats.phase_clock()
+        exchange = None
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
@@ -186,14 +196,15 @@ class ByteSplatTrainer(Trainer):
         with torch.autocast(device_type=device_type, enabled=self.mixed_precision):
             _, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
             loss = functools.reduce(torch.add, loss_dict.values())
+        clock.lap("forward")
         self.grad_scaler.scale(loss).backward()
+        clock.lap("backward")
         guarded_loss = loss
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
-            exchange_started = time.perf_counter()
             exchange = self.pipeline.average_gradients(note=self.control.note())
-            exchange_s = time.perf_counter() - exchange_started
             self.control.agree(exchange.notes)
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
+            clock.lap("exchange")
         if self.guard.check_every > 0:
             self.guard.after_backward(step, guarded_loss, optimizers.optimizers)
         optimizers.optimizer_scaler_step_some(
@@ -203,7 +214,8 @@ class ByteSplatTrainer(Trainer):
         self.grad_scaler.update()
         if scale <= self.grad_scaler.get_scale():
             optimizers.scheduler_step_all(step)
-        self.stats.add_step(time.perf_counter() - started, exchange, exchange_s)
+        clock.lap("optimizer")
+        self.stats.add_exchange(exchange)
         return loss, loss_dict, metrics_dict
 
     # -- stopping, memory, checkpoints ------------------------------------------------------------
