@@ -110,6 +110,20 @@ class ByteSplatDatamanager(FullImageDatamanager):
             cache[camera] = data
         return cache
 
+    def next_train(self, step: int):
+        """nerfstudio's next training camera, plus its image size as Python ints in metadata["size"], so the
+        model needs no host sync to read it from the GPU copy of the camera."""
+        camera, data = super().next_train(step)
+        camera.metadata["size"] = self.train_sizes[camera.metadata["cam_idx"]]
+        return camera, data
+
+    @cached_property
+    def train_sizes(self) -> list[tuple[int, int]]:
+        """(width, height) of every training camera (read after the images are cached: undistortion may crop)."""
+        cameras = self.train_dataset.cameras
+        self.cached_train  # noqa: B018  (undistortion, on first use, can change the sizes)
+        return list(zip(cameras.width.view(-1).tolist(), cameras.height.view(-1).tolist()))
+
     def get_train_rays_per_batch(self) -> int:
         image = self.cached_train[self.shard[0]]["image"]
         return image.shape[0] * image.shape[1]

@@ -210,7 +210,11 @@ class ByteSplatModel(SplatfactoModel):
         downscale = self._get_downscale_factor()
         camera.rescale_output_resolution(1 / downscale)
         K = camera.get_intrinsics_matrices()[0].to(self.device)
-        width, height = int(camera.width.item()), int(camera.height.item())
+        size = (camera.metadata or {}).get("size")  # training cameras: Python ints, no host sync
+        if size is not None:
+            width, height = size[0] // downscale, size[1] // downscale
+        else:
+            width, height = int(camera.width.item()), int(camera.height.item())
         camera.rescale_output_resolution(downscale)
         self.last_size = (height, width)
 

@@ -7,6 +7,8 @@
    and the step, the same on every rank and independent of what the ranks drew before.
 3. After every refine the ranks compare their splat counts; a mismatch stops training with an error
    instead of drifting silently.
+4. The per-step statistics update needs no host sync (gsplat's indexes by a boolean mask, which makes the
+   host wait for the GPU every step); it gives the same numbers.
 The reduction and the check are the only collectives, and they run at refine steps only. With one process
 (no process group) only point 2 applies.
 
@@ -33,6 +35,25 @@ class ByteSplatStrategy(DefaultStrategy):
     """Seeds each refine's random draws (with the step)."""
     distributed: bool = False
     """Reduce the statistics over the default process group and check splat counts after each refine."""
+
+    @torch.no_grad()
+    def _update_state(self, params, state, info, packed=False):
+        """gsplat's statistics update, with masks instead of boolean indexing: no host sync."""
+        if packed:
+            return super()._update_state(params, state, info, packed=packed)
+        means2d = info[self.key_for_gradient]
+        grads = means2d.absgrad if self.absgrad else means2d.grad  # [C, N, 2]
+        scale = grads.new_tensor([info["width"] / 2.0 * info["n_cameras"], info["height"] / 2.0 * info["n_cameras"]])
+        visible = info["radii"] > 0.0  # [C, N]
+        n = len(params["means"])
+        for key in ("grad2d", "count") + (("radii",) if self.refine_scale2d_stop_iter > 0 else ()):
+            if state[key] is None:
+                state[key] = torch.zeros(n, device=grads.device)
+        state["grad2d"] += torch.where(visible, (grads * scale).norm(dim=-1), 0.0).sum(dim=0)
+        state["count"] += visible.sum(dim=0)
+        if self.refine_scale2d_stop_iter > 0:
+            screen = info["radii"] / float(max(info["width"], info["height"]))
+            state["radii"] = torch.maximum(state["radii"], torch.where(visible, screen, 0.0).amax(dim=0))
 
     @torch.no_grad()
     def _grow_gs(self, params, optimizers, state, step):

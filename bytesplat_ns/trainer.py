@@ -80,6 +80,9 @@ class ByteSplatTrainer(Trainer):
         if config.machine.device_type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(local_rank)  # before anything touches CUDA: nerfstudio never does this
         self.rank = dist.get_rank() if world_size > 1 else 0
+        if world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # nerfstudio's launcher leaves every rank with one CPU thread per core: N ranks would oversubscribe
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, config.machine.num_devices)))
         self.control: RunControl | None = None
         self._stop_training = False
         self.watchdog: RankWatchdog | None = None
