@@ -54,7 +54,15 @@ def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "co
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
     stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
-    record = {"gpus": gpus, "exchange": exchange, "views": views, "wall_s": wall, **stats}
+    others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
+    record = {
+        "gpus": gpus,
+        "exchange": exchange,
+        "views": views,
+        "wall_s": wall,
+        **stats,
+        "phase_ms_other_ranks": others,
+    }
     if not evaluate:
         return record
     evaluate = ["ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(run_dir / "eval.json")]
@@ -194,7 +202,14 @@ def main() -> None:
         for probe in args.probe:
             gpus, _, exchange = probe.partition(":")
             run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False)
-            keys = ("views_per_second", "step_seconds", "steps", "phase_ms", "exchange_reduction")
+            keys = (
+                "views_per_second",
+                "step_seconds",
+                "steps",
+                "phase_ms",
+                "phase_ms_other_ranks",
+                "exchange_reduction",
+            )
             print(probe, {k: run[k] for k in keys}, flush=True)
         return
     room = measure_room(args.out, smoke=args.cpu_smoke)

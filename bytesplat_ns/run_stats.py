@@ -1,10 +1,11 @@
 """What a training run measured about itself: throughput, where the host's time per step goes, exchange bytes.
 
 Rank 0 shows them in the closing summary and writes them to `<run folder>/bytesplat_stats.json`, which the
-benchmarks read. Times are host wall times: a whole training iteration (densification callbacks included;
-evaluations, logging and checkpoints between iterations excluded), split into phases: forward (data, render,
-loss), backward, exchange (several GPUs: the gradient exchange, its host syncs included), optimizer, and the
-callbacks. Host time of a phase includes waiting for the GPU only where the phase syncs.
+benchmarks read; every other rank writes its own beside it (`bytesplat_stats_rank<r>.json`). Times are host
+wall times: a whole training iteration (densification callbacks included; evaluations, logging and
+checkpoints between iterations excluded), split into phases: forward (data, render, loss), backward,
+exchange (several GPUs: the gradient exchange, its host syncs included), optimizer, and the callbacks.
+Host time of a phase includes waiting for the GPU only where the phase syncs.
 """
 
 from __future__ import annotations

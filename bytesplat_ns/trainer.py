@@ -138,6 +138,8 @@ class ByteSplatTrainer(Trainer):
                 )
             super().setup(test_mode)
             self.pipeline.model.strategy.seed = self.config.machine.seed
+            if test_mode != "inference":
+                self.pipeline.datamanager.cached_train  # noqa: B018  (load the images now, not in the first step)
             self._resume_on_another_gpu_count()
             if self.world_size > 1:
                 self._join_ranks()
@@ -234,6 +236,10 @@ class ByteSplatTrainer(Trainer):
             super().train()
             if self.watchdog is not None:
                 self.watchdog.finish()
+            if not self.is_main:  # rank 0 writes bytesplat_stats.json with its summary; the others beside it
+                base = self.config.get_base_dir()
+                base.mkdir(parents=True, exist_ok=True)
+                self.stats.write(base / f"bytesplat_stats_rank{self.rank}.json", last_step=self.step)
         except SplatOutOfMemoryError as error:
             self._report_failure(error)
             self._out_of_memory(error)

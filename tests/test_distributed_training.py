@@ -3,6 +3,7 @@ checkpoints move between GPU counts, and the views-per-step rule."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -66,6 +67,15 @@ def test_ranks_hold_equal_splat_counts_after_every_step(two_ranks):
     assert counts[0] == counts[1]
     assert len(counts[0]) == VIEWS // 2
     assert len(set(counts[0])) > 1, f"no refine changed the splat count: {counts[0]}"
+
+
+def test_every_rank_writes_its_run_stats(two_ranks):
+    run = two_ranks / "out" / "dist" / "bytesplat" / "run"
+    stats = [json.loads((run / name).read_text()) for name in ("bytesplat_stats.json", "bytesplat_stats_rank1.json")]
+    for record in stats:
+        assert record["views_per_step"] == 2 and record["steps"] == VIEWS // 2
+        assert set(record["phase_ms"]) == {"forward", "backward", "exchange", "optimizer", "callbacks"}
+    assert stats[0]["exchange_sent_bytes"] > 0
 
 
 def test_parameters_equal_across_ranks_at_the_end(two_ranks):
