@@ -230,6 +230,7 @@ class ByteSplatModel(SplatfactoModel):
         )
         out = rasterize(self.splats(crop_ids), RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height), opts)
         self.info = out.strategy_info()
+        self.pruned = out.pruned  # fused renderer: tile entries dropped by on-chip pruning (device tensor)
         if self.training:
             self.strategy.step_pre_backward(
                 self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info
@@ -244,6 +245,14 @@ class ByteSplatModel(SplatfactoModel):
         if not self.training:
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
+
+    def get_metrics_dict(self, outputs, batch) -> dict[str, Tensor]:
+        """Splatfacto's training metrics, plus the splats pruned on-chip this step (fused renderer), which the
+        trainer logs every --logging.steps-per-log steps (the only time it is read back from the GPU)."""
+        metrics = super().get_metrics_dict(outputs, batch)
+        if self.training and getattr(self, "pruned", None) is not None:
+            metrics["pruned_tile_entries"] = self.pruned.sum()
+        return metrics
 
     def get_image_metrics_and_images(self, outputs, batch):
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
