@@ -22,7 +22,7 @@ from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocati
 from bytesplat_method_configs import bytesplat
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
 
-PAUSE_S = 3.0
+PAUSE_S = 4.0
 SCENE = DemoSceneConfig(width=32, height=24, num_train=7, num_eval=2, num_points=300, seed=11)
 
 

@@ -125,8 +125,8 @@ def test_a_dead_or_hung_rank_stops_the_others_with_a_message(tmp_path, how):
         procs[1].communicate()
     assert procs[0].returncode != 0
     assert waited < DEAD_RANK_EXIT_S, waited
-    expected = "other ranks exited first" if how == "killed" else "rank 1 has sent no heartbeat"
-    assert expected in " ".join(out.split()), out[-3000:]
+    messages = ["rank 1 has sent no heartbeat"] + (["other ranks exited first"] if how == "killed" else [])
+    assert any(m in " ".join(out.split()) for m in messages), out[-3000:]  # killed: gloo fails at once, or the watchdog
 
 
 def test_rank0_pause_and_stop_reach_every_rank(tmp_path):
@@ -138,8 +138,8 @@ def test_rank0_pause_and_stop_reach_every_rank(tmp_path):
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for record in records:
         gaps = [b - a for a, b in zip(record["times"], record["times"][1:])]
-        paused_after = [i for i, gap in enumerate(gaps) if gap > PAUSE_S * 0.8]
-        assert paused_after == [5], gaps
+        longest = max(range(len(gaps)), key=gaps.__getitem__)
+        assert longest == 5 and gaps[longest] > PAUSE_S * 0.9, gaps
     assert [r["step"] for r in records] == [10, 10]
     assert len(records[0]["counts"]) == len(records[1]["counts"]) == 11
     ckpts = list((tmp_path / "out" / "dist" / "bytesplat" / "run" / "nerfstudio_models").glob("*.ckpt"))
