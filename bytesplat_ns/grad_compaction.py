@@ -13,8 +13,8 @@ of the visible rows. On 2 GPUs that sends at least as many bytes as the all-gath
 see the same splats), at twice the latency; benchmarks/multi_gpu.py reports both byte counts from the rows
 each step actually exchanged.
 
-Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs). Two host syncs: the row count
-(nonzero) and the gathered counts (buffer sizes).
+Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs). Two all-gathers (headers, then rows
+and values in one buffer) and two host syncs: the row count (nonzero) and the gathered counts (buffer sizes).
 """
 
 from __future__ import annotations
@@ -68,23 +68,26 @@ def decode(packs: list[PackedRows], num_rows: int, dtype: torch.dtype) -> Tensor
 
 
 def all_gather_packed(pack: PackedRows, note: int = 0, group=None) -> tuple[list[PackedRows], list[int]]:
-    """Every rank's PackedRows (counts first, then buffers padded to the largest count), and every rank's note."""
+    """Every rank's PackedRows and note. Two all-gathers: the (row count, note) headers, then one buffer per rank
+    padded to the largest count, each row its index (int32, bit-cast into the value type's slots) then values."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     header = torch.tensor([pack.rows.numel(), note], device=pack.rows.device)
-    headers = [torch.zeros_like(header) for _ in range(world)]
-    dist.all_gather(headers, header, group=group)
-    counts, notes = zip(*torch.stack(headers).tolist())  # host sync: buffer sizes
-    most = max(counts)
-    rows = pack.rows.new_zeros(most)
-    values = pack.values.new_zeros(most, pack.values.shape[1])
-    rows[: counts[rank]] = pack.rows
-    values[: counts[rank]] = pack.values
-    all_rows = [torch.empty_like(rows) for _ in range(world)]
-    all_values = [torch.empty_like(values) for _ in range(world)]
-    dist.all_gather(all_rows, rows, group=group)
-    dist.all_gather(all_values, values, group=group)
-    packs = [PackedRows(r[:c], v[:c]) for r, v, c in zip(all_rows, all_values, counts)]
-    return packs, list(notes)
+    headers = header.new_empty(world * 2)
+    dist.all_gather_into_tensor(headers, header, group=group)
+    counts, notes = headers.view(world, 2).T.tolist()  # host sync: buffer sizes
+    most, count, width = max(counts), counts[rank], pack.values.shape[1]
+    slots = 4 // pack.values.element_size()  # value slots holding one int32 row index
+    buffer = pack.values.new_zeros(most, slots + width)
+    buffer[:count, :slots] = pack.rows.view(pack.values.dtype).view(count, slots)
+    buffer[:count, slots:] = pack.values
+    gathered = buffer.new_empty(world * most, slots + width)
+    dist.all_gather_into_tensor(gathered, buffer, group=group)
+    gathered = gathered.view(world, most, slots + width)
+    packs = [
+        PackedRows(gathered[r, :c, :slots].contiguous().view(torch.int32).view(c), gathered[r, :c, slots:])
+        for r, c in enumerate(counts)
+    ]
+    return packs, notes
 
 
 def average_sparse_rows(grads: list[Tensor], half: bool = False, note: int = 0, group=None) -> ExchangeStats:
