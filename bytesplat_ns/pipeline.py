@@ -67,7 +67,6 @@ class ByteSplatPipeline(VanillaPipeline):
         )
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
-        self.last_exchange: ExchangeStats | None = None
 
     def broadcast_from_rank0(self) -> None:
         """Make every rank's model rank 0's: the splat count is checked, then every tensor is broadcast."""
@@ -85,8 +84,9 @@ class ByteSplatPipeline(VanillaPipeline):
                 dist.broadcast(tensor, src=0)
 
     def average_gradients(self, note: int = 0) -> ExchangeStats:
-        """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest.
-        `note` travels with the exchange (see run_control.py); every rank's note is in the returned stats."""
+        """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest
+        (--pipeline.exchange dense: one all-reduce for all). `note` travels with the exchange (see
+        run_control.py); every rank's note is in the returned stats."""
         splat_params = list(self.model.gauss_params.values())
         splat_ids = {id(p) for p in splat_params}
         for param in splat_params:
@@ -99,9 +99,7 @@ class ByteSplatPipeline(VanillaPipeline):
         splat_grads, other_grads = [p.grad for p in splat_params], [p.grad for p in others]
         if self.config.exchange == "dense":
             stats = average_dense(splat_grads + other_grads, note=note)
-            stats.dense_bytes = stats.sent_bytes
         else:
             stats = average_sparse_rows(splat_grads, half=self.config.half_precision_exchange, note=note)
             average_dense(other_grads)
-        self.last_exchange = stats
         return stats
