@@ -45,8 +45,6 @@ class ExchangeStats:
     """Compacted: this rank's packed buffer (padded to the largest rank's) to each of the world - 1 peers."""
     dense_bytes: int
     """Dense ring all-reduce of the same fp32 gradients: 2 (world - 1) / world of their size."""
-    rows: int
-    """Non-zero rows this rank sent."""
     notes: list[int]
     """Every rank's `note`, in rank order."""
 
@@ -108,7 +106,6 @@ def average_sparse_rows(grads: list[Tensor], half: bool = False, note: int = 0, 
     return ExchangeStats(
         sent_bytes=(world - 1) * most * pack.row_bytes(),
         dense_bytes=2 * (world - 1) * flat.numel() * 4 // world,
-        rows=pack.rows.numel(),
         notes=notes,
     )
 
@@ -116,15 +113,14 @@ def average_sparse_rows(grads: list[Tensor], half: bool = False, note: int = 0, 
 def average_dense(grads: list[Tensor], note: int | None = None, group=None) -> ExchangeStats:
     """Plain all-reduce mean of dense gradients, in one flat buffer (camera optimizer, bilateral grid; or every
     gradient with --pipeline.exchange dense). With `note`, every rank's note travels in W extra slots."""
+    if not grads:
+        return ExchangeStats(sent_bytes=0, dense_bytes=0, notes=[])
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    device = grads[0].device if grads else torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
     parts = [g.reshape(-1) for g in grads]
     if note is not None:
-        slots = torch.zeros(world, device=device)
+        slots = grads[0].new_zeros(world)
         slots[rank] = note
         parts.append(slots)
-    if not parts:
-        return ExchangeStats(sent_bytes=0, dense_bytes=0, rows=0, notes=[])
     flat = torch.cat(parts)
     dist.all_reduce(flat, group=group)
     values = flat[: flat.numel() - (world if note is not None else 0)].div_(world)
@@ -132,4 +128,4 @@ def average_dense(grads: list[Tensor], note: int | None = None, group=None) -> E
         grad.copy_(part.reshape(grad.shape))
     notes = [int(n) for n in flat[values.numel() :].tolist()] if note is not None else []  # host sync
     dense_bytes = 2 * (world - 1) * values.numel() * 4 // world
-    return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, rows=0, notes=notes)
+    return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)

@@ -108,6 +108,7 @@ class ByteSplatModel(SplatfactoModel):
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
         self.loaded_views_per_step = cfg.views_per_step
+        self.pruned: Tensor | None = None  # set by each render (fused renderer: a device tensor)
 
     def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation (seed points or a random cube), or an exported PLY; built on the CPU."""
@@ -250,7 +251,7 @@ class ByteSplatModel(SplatfactoModel):
         """Splatfacto's training metrics, plus the splats pruned on-chip this step (fused renderer), which the
         trainer logs every --logging.steps-per-log steps (the only time it is read back from the GPU)."""
         metrics = super().get_metrics_dict(outputs, batch)
-        if self.training and getattr(self, "pruned", None) is not None:
+        if self.training and self.pruned is not None:
             metrics["pruned_tile_entries"] = self.pruned.sum()
         return metrics
 

@@ -21,6 +21,7 @@ from nerfstudio.pipelines.base_pipeline import Pipeline, VanillaPipeline, Vanill
 
 from bytesplat_ns.grad_compaction import ExchangeStats, average_dense, average_sparse_rows
 from bytesplat_ns.input_checks import BadInputError
+from bytesplat_ns.strategy import gather_counts
 
 
 @dataclass
@@ -71,8 +72,7 @@ class ByteSplatPipeline(VanillaPipeline):
     def broadcast_from_rank0(self) -> None:
         """Make every rank's model rank 0's: the splat count is checked, then every tensor is broadcast."""
         model = self.model
-        counts = [None] * self.world_size
-        dist.all_gather_object(counts, model.num_points)
+        counts = gather_counts(model.num_points)
         if len(set(counts)) > 1:
             raise BadInputError(
                 f"The ranks built different splat counts {counts}: they read different scenes or checkpoints. "
@@ -87,16 +87,13 @@ class ByteSplatPipeline(VanillaPipeline):
         """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest
         (--pipeline.exchange dense: one all-reduce for all). `note` travels with the exchange (see
         run_control.py); every rank's note is in the returned stats."""
-        splat_params = list(self.model.gauss_params.values())
-        splat_ids = {id(p) for p in splat_params}
-        for param in splat_params:
+        splat_ids = {id(p) for p in self.model.gauss_params.values()}
+        params = [p for group in self.get_param_groups().values() for p in group]
+        for param in params:  # a parameter this rank's step did not reach contributes zeros, as on every rank
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        others = [p for group in self.get_param_groups().values() for p in group if id(p) not in splat_ids]
-        for param in others:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        splat_grads, other_grads = [p.grad for p in splat_params], [p.grad for p in others]
+        splat_grads = [p.grad for p in self.model.gauss_params.values()]
+        other_grads = [p.grad for p in params if id(p) not in splat_ids]
         if self.config.exchange == "dense":
             stats = average_dense(splat_grads + other_grads, note=note)
         else:

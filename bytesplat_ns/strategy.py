@@ -82,13 +82,16 @@ def reduce_statistics(state: dict) -> None:
         dist.all_reduce(state["radii"], op=dist.ReduceOp.MAX)
 
 
+def gather_counts(count: int) -> list[int]:
+    """Every rank's splat count, in rank order (one host sync)."""
+    counts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, count)
+    return counts
+
+
 def check_equal_counts(count: int, step: int) -> None:
-    """Raise SplatCountMismatchError unless every rank holds `count` splats (one host sync)."""
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    local = torch.tensor([count], device=device)
-    counts = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(counts, local)
-    counts = [int(c) for c in counts]
+    """Raise SplatCountMismatchError unless every rank holds `count` splats."""
+    counts = gather_counts(count)
     if len(set(counts)) > 1:
         raise SplatCountMismatchError(
             f"After the refine at step {step} the ranks hold different splat counts {counts}; their splats have "

@@ -96,16 +96,18 @@ class ByteSplatTrainer(Trainer):
         return self.rank == 0
 
     # Pause and stop: with several ranks the loop obeys what the ranks agreed on, not one rank's wish.
+    def _agreed(self) -> RunControl | None:
+        """The run control (None with one process), brought up to date first while paused."""
+        if self.control is not None and self.control.agreed_state == "paused":
+            self.control.poll_paused()
+        return self.control
+
     @property
     def training_state(self) -> str:
-        control = self.control
+        control = self._agreed()
         if control is None:
             return self._training_state
-        if control.requested_state == "completed":
-            return "completed"
-        if control.agreed_state == "paused":
-            control.poll_paused()
-        return control.agreed_state
+        return "completed" if control.requested_state == "completed" else control.agreed_state
 
     @training_state.setter
     def training_state(self, value: str) -> None:
@@ -115,12 +117,8 @@ class ByteSplatTrainer(Trainer):
 
     @property
     def stop_training(self) -> bool:
-        control = self.control
-        if control is None:
-            return self._stop_training
-        if control.agreed_state == "paused":
-            control.poll_paused()
-        return control.agreed_stop
+        control = self._agreed()
+        return self._stop_training if control is None else control.agreed_stop
 
     @stop_training.setter
     def stop_training(self, value: bool) -> None:

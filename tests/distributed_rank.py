@@ -9,7 +9,6 @@ after every step and its final parameters.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import threading
 import time
@@ -19,8 +18,8 @@ import torch
 import torch.distributed as dist
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
 
-from bytesplat_method_configs import bytesplat
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
+from tests.trainer_setup import cpu_config
 
 PAUSE_S = 4.0
 SCENE = DemoSceneConfig(width=32, height=24, num_train=7, num_eval=2, num_points=300, seed=11)
@@ -36,21 +35,11 @@ def scene_path(root: Path) -> Path:
 
 def rank_config(root: Path, views: int, load_dir: Path | None = None):
     """The bytesplat config of the test run; counts are in views (the trainer converts them to steps)."""
-    config = copy.deepcopy(bytesplat.config)
-    config.pipeline.datamanager.data = scene_path(root)
-    config.machine.device_type = "cpu"
-    config.max_num_iterations = views
-    config.output_dir = root / "out"
-    config.experiment_name, config.timestamp = "dist", "run"
-    config.vis = "tensorboard"
-    config.steps_per_eval_all_images = 0
-    config.steps_per_eval_image = 0
+    config = cpu_config(scene_path(root), root / "out", views, "dist")
     config.steps_per_save = views
     config.summary_eval = False
-    config.nonfinite_check_every = 10
     config.load_dir = load_dir
     model = config.pipeline.model
-    model.num_downscales = 0
     model.warmup_length = 8
     model.refine_every = 8
     model.reset_alpha_every = 4

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from bytesplat_ns.cuda import ops
-from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
+from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats, strategy_info
 
 
 @dataclass
@@ -66,9 +66,7 @@ class FusedLossOutputs:
     height: int
 
     def strategy_info(self) -> dict[str, object]:
-        """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera)."""
-        return {"means2d": self.means2d, "radii": self.radii, "width": self.width, "height": self.height,
-                "n_cameras": 1, "gaussian_ids": None}  # fmt: skip
+        return strategy_info(self.means2d, self.radii, self.width, self.height)
 
 
 @dataclass

@@ -73,12 +73,11 @@ class RenderOutputs:
     pruned: Tensor | None = None  # [1] int32 tile entries dropped by on-chip pruning (fused backend), on the device
 
     def strategy_info(self) -> dict[str, object]:
-        """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera)."""
-        return {
-            "means2d": self.means2d,
-            "radii": self.radii,
-            "width": self.width,
-            "height": self.height,
-            "n_cameras": 1,
-            "gaussian_ids": None,  # unpacked
-        }
+        return strategy_info(self.means2d, self.radii, self.width, self.height)
+
+
+def strategy_info(means2d: Tensor, radii: Tensor, width: int, height: int) -> dict[str, object]:
+    """The `info` dict that gsplat's DefaultStrategy reads (unpacked, one camera).
+
+    means2d: [1, N, 2]; radii: [1, N]."""
+    return {"means2d": means2d, "radii": radii, "width": width, "height": height, "n_cameras": 1, "gaussian_ids": None}
