@@ -36,8 +36,8 @@ ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
 
 
-def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True
-               ) -> dict:  # fmt: skip
+def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True,
+               profile_steps: int = 0) -> dict:  # fmt: skip
     name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}")
     run_dir = out / "lego" / "bytesplat" / name
     cmd = [
@@ -45,6 +45,7 @@ def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "co
         "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", "lego",
         "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
+        "--profile-steps", str(profile_steps), "--profile-start", str(views // 2),
         "--pipeline.model.background-color", "white", "blender-data",
     ]  # fmt: skip
     print("$ " + " ".join(cmd), flush=True)
@@ -55,6 +56,7 @@ def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "co
     wall = time.perf_counter() - started
     stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
     others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
+    profiles = [json.loads(p.read_text()) for p in sorted(run_dir.glob("step_profile*.json"))]
     record = {
         "gpus": gpus,
         "exchange": exchange,
@@ -62,6 +64,7 @@ def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "co
         "wall_s": wall,
         **stats,
         "phase_ms_other_ranks": others,
+        "step_profiles": profiles,
     }
     if not evaluate:
         return record
@@ -192,25 +195,32 @@ def main() -> None:
         nargs="+",
         default=None,
         metavar="GPUS[:EXCHANGE]",
-        help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 (no JSON written)",
+        help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 (writes OUT/probes.json)",
     )
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="with --probe: profile this many steps from the middle of each run")  # fmt: skip
     parser.add_argument(
         "--cpu-smoke", action="store_true", help="tiny room on the CPU (gloo), no lego: checks the script"
     )
     args = parser.parse_args()
     if args.probe:
+        probes = []
         for probe in args.probe:
             gpus, _, exchange = probe.partition(":")
-            run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False)
-            keys = (
-                "views_per_second",
-                "step_seconds",
-                "steps",
-                "phase_ms",
-                "phase_ms_other_ranks",
-                "exchange_reduction",
-            )
-            print(probe, {k: run[k] for k in keys}, flush=True)
+            run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
+                             profile_steps=args.profile)  # fmt: skip
+            probes.append({"probe": probe, **run})
+            (args.out / "probes.json").write_text(json.dumps(probes, indent=2) + "\n")
+        print(f"{'probe':<10} {'views/s':>8}  phases (host ms/step)")
+        print(f"  {'profile':<8} {'':8} {'host ms':>8} {'gpu ms':>7} {'launch':>7} {'syncs':>6} {'wait ms':>8}  "
+              "sync sources")  # fmt: skip
+        for run in probes:
+            phases = " ".join(f"{k[:4]} {v:.2f}" for k, v in run["phase_ms"].items())
+            print(f"{run['probe']:<10} {run['views_per_second']:8.1f}  {phases}")
+            for rank, prof in enumerate(run["step_profiles"]):
+                print(f"  rank {rank:<3} {'':8} {prof['host_ms']:8.2f} {prof['gpu_kernel_ms']:7.2f} "
+                      f"{prof['launches']:7.0f} {prof['syncs']:6.1f} {prof['sync_wait_ms']:8.2f}  "
+                      f"{list(prof['sync_sources'].items())[:4]}")  # fmt: skip
         return
     room = measure_room(args.out, smoke=args.cpu_smoke)
     if args.cpu_smoke:

@@ -42,6 +42,7 @@ from bytesplat_ns.model import SplatOutOfMemoryError
 from bytesplat_ns.rank_watchdog import RankWatchdog
 from bytesplat_ns.run_control import RunControl
 from bytesplat_ns.run_stats import RunStats
+from bytesplat_ns.step_profile import StepProfiler
 from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
 
 
@@ -52,6 +53,11 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """Read the non-finite flag (one host sync) every this many steps; 0 turns the guard off."""
     summary_eval: bool = True
     """Evaluate every held-out view when training ends, for the closing summary."""
+    profile_steps: int = 0
+    """Profile this many training steps with torch.profiler (host and GPU time, launches, host syncs per step) and
+    write the summary to <run folder>/step_profile.json (other ranks: step_profile_rank<r>.json); 0: off."""
+    profile_start: int = 500
+    """Where the profile starts (after warm-up), counted in views like every count here (view_schedule.py)."""
 
     def __post_init__(self) -> None:
         # Runs for every construction, defaults included: only values no default has are checked here.
@@ -147,6 +153,9 @@ class ByteSplatTrainer(Trainer):
             _exit(str(error))
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
         self.stats = RunStats(views_per_step=self.world_size)
+        name = "step_profile.json" if self.is_main else f"step_profile_rank{self.rank}.json"
+        self.profiler = StepProfiler(self.config.profile_start, self.config.profile_steps,
+                                     self.config.get_base_dir() / name)  # fmt: skip
         self._time_iterations()
         self.stop_requested = False
         self.heldout_psnr: float | None = None
@@ -165,11 +174,19 @@ class ByteSplatTrainer(Trainer):
         rescale_resumed_optimizers(self.optimizers, self.config, start)
 
     def _time_iterations(self) -> None:
-        """Stamp the start and end of every training iteration, callbacks (densification) included."""
-        before = TrainingCallback(
-            [TrainingCallbackLocation.BEFORE_TRAIN_ITERATION], lambda step: self.stats.start_step()
-        )
-        after = TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], lambda step: self.stats.end_step())
+        """Stamp the start and end of every training iteration, callbacks (densification) included; the
+        profiler (if asked for) wraps the same span."""
+
+        def before_step(step: int) -> None:
+            self.profiler.before_step(step)
+            self.stats.start_step()
+
+        def after_step(step: int) -> None:
+            self.stats.end_step()
+            self.profiler.after_step(step)
+
+        before = TrainingCallback([TrainingCallbackLocation.BEFORE_TRAIN_ITERATION], before_step)
+        after = TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], after_step)
         self.callbacks = [before, *self.callbacks, after]
 
     def _join_ranks(self) -> None:

@@ -23,7 +23,7 @@ from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.engine.trainer import TrainerConfig
 
 TRAINER_COUNTS = ("max_num_iterations", "steps_per_save", "steps_per_eval_image", "steps_per_eval_batch",
-                  "steps_per_eval_all_images")  # fmt: skip
+                  "steps_per_eval_all_images", "profile_start")  # fmt: skip
 MODEL_COUNTS = ("warmup_length", "refine_every", "resolution_schedule", "sh_degree_interval", "stop_split_at",
                 "stop_screen_size_at")  # fmt: skip
 SCHEDULER_COUNTS = ("warmup_steps", "max_steps")
