@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -36,24 +37,31 @@ ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
 
 
-def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True,
-               profile_steps: int = 0) -> dict:  # fmt: skip
-    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}")
-    run_dir = out / "lego" / "bytesplat" / name
+def start_lego(data: Path, views: int, gpus: int, out: Path, name: str, exchange: str = "compact",
+               profile_steps: int = 0, extra: list[str] = (), env: dict | None = None) -> tuple:  # fmt: skip
+    """Start `ns-train bytesplat` on lego in the background: (process, run folder, start time, log)."""
     cmd = [
         "ns-train", "bytesplat", "--data", str(data), "--max-num-iterations", str(views),
         "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", "lego",
         "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
-        "--profile-steps", str(profile_steps), "--profile-start", str(views // 2),
+        "--profile-steps", str(profile_steps), "--profile-start", str(views // 2), *extra,
         "--pipeline.model.background-color", "white", "blender-data",
     ]  # fmt: skip
     print("$ " + " ".join(cmd), flush=True)
-    started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"lego-{name}.log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - started
+    log = open(out / f"lego-{name}.log", "w")  # noqa: SIM115 (closed in finish_lego)
+    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return job, out / "lego" / "bytesplat" / name, time.perf_counter(), log, gpus, exchange, views
+
+
+def finish_lego(started: tuple, evaluate: bool = True) -> dict:
+    """Wait for a run from start_lego; its stats (and with `evaluate`, ns-eval's test PSNR/SSIM)."""
+    job, run_dir, began, log, gpus, exchange, views = started
+    if job.wait() != 0:
+        raise RuntimeError(f"ns-train failed (exit {job.returncode}); see {log.name}")
+    wall = time.perf_counter() - began
+    log.close()
     stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
     others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
     profiles = [json.loads(p.read_text()) for p in sorted(run_dir.glob("step_profile*.json"))]
@@ -72,6 +80,36 @@ def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "co
     subprocess.run(evaluate, check=True, stdout=subprocess.DEVNULL)
     test = json.loads((run_dir / "eval.json").read_text())["results"]
     return {**record, "test_psnr": test["psnr"], "test_ssim": test["ssim"]}
+
+
+def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True,
+               profile_steps: int = 0, extra: list[str] = ()) -> dict:  # fmt: skip
+    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}")
+    return finish_lego(start_lego(data, views, gpus, out, name, exchange, profile_steps, extra), evaluate)
+
+
+def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
+    """One probe: GPUS[:EXCHANGE] (one run), or 1x2 (two independent 1-GPU runs at once, on GPUs 0 and 1: how much
+    two busy processes slow each other's host)."""
+    if probe == "1x2":
+        jobs = [
+            start_lego(
+                args.data,
+                args.views,
+                1,
+                args.out,
+                f"alone-on-gpu{g}",
+                profile_steps=args.profile,
+                extra=args.probe_args,
+                env={"CUDA_VISIBLE_DEVICES": str(g)},
+            )  # fmt: skip
+            for g in (0, 1)
+        ]
+        return [{"probe": f"1x2 gpu{g}", **finish_lego(job, evaluate=False)} for g, job in enumerate(jobs)]
+    gpus, _, exchange = probe.partition(":")
+    run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
+                     profile_steps=args.profile, extra=args.probe_args)  # fmt: skip
+    return [{"probe": probe, **run}]
 
 
 def room_splats(n: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -195,8 +233,10 @@ def main() -> None:
         nargs="+",
         default=None,
         metavar="GPUS[:EXCHANGE]",
-        help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 (writes OUT/probes.json)",
+        help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 1x2 (writes OUT/probes.json)",
     )
+    parser.add_argument("--probe-args", type=shlex.split, default=[],
+                        help='more ns-train arguments for every probe run, one string: "--pin-cpus False"')  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="with --probe: profile this many steps from the middle of each run")  # fmt: skip
     parser.add_argument(
@@ -206,10 +246,7 @@ def main() -> None:
     if args.probe:
         probes = []
         for probe in args.probe:
-            gpus, _, exchange = probe.partition(":")
-            run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
-                             profile_steps=args.profile)  # fmt: skip
-            probes.append({"probe": probe, **run})
+            probes += probe_lego(probe, args)
             (args.out / "probes.json").write_text(json.dumps(probes, indent=2) + "\n")
         print(f"{'probe':<10} {'views/s':>8}  phases (host ms/step)")
         print(f"  {'profile':<8} {'':8} {'host ms':>8} {'gpu ms':>7} {'launch':>7} {'syncs':>6} {'wait ms':>8}  "

@@ -9,7 +9,8 @@ S .. S+K-1 (whole iterations, densification callbacks included) and writes per-s
 - launches: kernel launches per step (cudaLaunchKernel and its driver/ex variants);
 - syncs: calls that block the host until the GPU catches up (stream/device/event synchronize, blocking
   copies), with the host time spent in them (sync_wait_ms): `.item()`, `nonzero`, `.tolist()` of CUDA
-  tensors all end in one of these;
+  tensors all end in one of these; memcpy_ms: host time in cudaMemcpyAsync (a copy to pageable host memory
+  blocks there until the GPU reaches it);
 - where the syncs come from (the innermost Python frame outside torch that led to each);
 - the ops taking the most host time (self time) and the kernels taking the most GPU time.
 """
@@ -17,6 +18,7 @@ S .. S+K-1 (whole iterations, densification callbacks included) and writes per-s
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +31,8 @@ LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
             "cudaLaunchCooperativeKernel")  # fmt: skip
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 TOP = 15
+FRAME = re.compile(r"^\S+\(\d+\): ")
+"""A Python frame as the profiler names it: `path(line): function`."""
 
 
 class StepProfiler:
@@ -78,6 +82,7 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
         "syncs": sum(a.count for a in calls(SYNCS)) * per_step,
         "sync_wait_ms": sum(a.self_cpu_time_total for a in calls(SYNCS)) / 1000 * per_step,
         "sync_calls": {a.key: a.count * per_step for a in calls(SYNCS)},
+        "memcpy_ms": sum(a.self_cpu_time_total for a in calls(("cudaMemcpyAsync",))) / 1000 * per_step,
         "sync_sources": {where: n * per_step for where, n in sync_sources(prof).most_common(TOP)},
         "top_host_ops_ms": {
             a.key: a.self_cpu_time_total / 1000 * per_step
@@ -90,16 +95,14 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
     }
 
 
-def sync_sources(prof: profile) -> Counter:
-    """Innermost Python frame outside torch above each sync call -> how many syncs it caused."""
+def sync_sources(prof: profile, names: tuple[str, ...] = SYNCS) -> Counter:
+    """Innermost Python frame outside torch above each of the `names` calls -> how many there were."""
     sources: Counter = Counter()
     for event in prof.events():
-        if event.name not in SYNCS:
+        if event.name not in names:
             continue
-        parent, where = event.cpu_parent, "unknown"
-        while parent is not None and where == "unknown":
-            frames = [f for f in parent.stack if "/torch/" not in f and "<built-in" not in f]
-            where = frames[0] if frames else "unknown"
+        parent = event.cpu_parent
+        while parent is not None and not (FRAME.match(parent.name) and not parent.name.startswith("torch/")):
             parent = parent.cpu_parent
-        sources[where] += 1
+        sources["unknown" if parent is None else parent.name] += 1
     return sources

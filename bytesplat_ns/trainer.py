@@ -36,6 +36,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from bytesplat_ns.cpu_share import pin_to_cpu_share
 from bytesplat_ns.finite_guard import NonFiniteGuard
 from bytesplat_ns.input_checks import BadInputError, check_data_path
 from bytesplat_ns.model import SplatOutOfMemoryError
@@ -53,6 +54,8 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """Read the non-finite flag (one host sync) every this many steps; 0 turns the guard off."""
     summary_eval: bool = True
     """Evaluate every held-out view when training ends, for the closing summary."""
+    pin_cpus: bool = True
+    """With several GPUs on a machine, bind each rank to its own share of the CPU cores (cpu_share.py)."""
     profile_steps: int = 0
     """Profile this many training steps with torch.profiler (host and GPU time, launches, host syncs per step) and
     write the summary to <run folder>/step_profile.json (other ranks: step_profile_rank<r>.json); 0: off."""
@@ -86,9 +89,8 @@ class ByteSplatTrainer(Trainer):
         if config.machine.device_type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(local_rank)  # before anything touches CUDA: nerfstudio never does this
         self.rank = dist.get_rank() if world_size > 1 else 0
-        if world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-            # nerfstudio's launcher leaves every rank with one CPU thread per core: N ranks would oversubscribe
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, config.machine.num_devices)))
+        if world_size > 1:
+            self._share_cpus(config, local_rank)
         self.control: RunControl | None = None
         self._stop_training = False
         self.watchdog: RankWatchdog | None = None
@@ -96,6 +98,15 @@ class ByteSplatTrainer(Trainer):
             config.vis = "tensorboard"  # nerfstudio would start a viewer on each machine's local rank 0; writers
             # are rank 0's only, so this just keeps the viewer off here
         super().__init__(per_step_views(config, world_size), local_rank, world_size)
+
+    @staticmethod
+    def _share_cpus(config: ByteSplatTrainerConfig, local_rank: int) -> None:
+        """Several ranks on this machine: each its own cores (cpu_share.py) and a thread pool to match; nerfstudio's
+        launcher would leave every rank with one thread per core of the machine."""
+        local_ranks = max(1, config.machine.num_devices)
+        cpus = pin_to_cpu_share(local_rank, local_ranks) if config.pin_cpus else None
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, len(cpus) if cpus else (os.cpu_count() or 1) // local_ranks))
 
     @property
     def is_main(self) -> bool:
