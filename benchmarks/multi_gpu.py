@@ -1,13 +1,15 @@
 """Multi-GPU bytesplat (issue #4) on the H200 x2 machine: scaling on lego and exchange bytes on a 2M-splat room.
 
 1. lego: `ns-train bytesplat` on 1 GPU and on 2 GPUs with the same number of training views (the 2-GPU run
-   takes half the steps); views per second over the training steps, held-out PSNR on the test split
-   (ns-eval), bytes sent by the compacted exchange against a dense all-reduce (bytesplat_stats.json).
+   takes half the steps), each run alone on the machine, for each of --seeds; views per second over the
+   training steps, held-out PSNR on the test split (ns-eval), bytes sent by the compacted exchange against
+   a dense all-reduce (bytesplat_stats.json); means over the seeds.
 2. room: 2,000,000 splats on the walls of a closed room, 2 GPUs, each rendering (gsplat, 1920x1080) a
    camera inside the room looking a random way, L1 loss, backward; then the splat gradients are averaged
    by the compacted exchange (fp32 and fp16 values) and by a dense NCCL all-reduce: bytes and time of each.
 Writes benchmarks/results/multi_gpu.json (or --json) and prints a table last. Run there:
-    python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000
+    python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000 --seeds 42 43
+and more seeds in a later call with --add-to <that JSON>.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
-from statistics import median
+from statistics import mean, median, stdev
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bytesplat_ns.grad_compaction import average_sparse_rows, encode
+from bytesplat_ns.grad_compaction import SparseRowExchange
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize
 
 HERE = Path(__file__).resolve().parent
@@ -83,9 +85,32 @@ def finish_lego(started: tuple, evaluate: bool = True) -> dict:
 
 
 def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True,
-               profile_steps: int = 0, extra: list[str] = ()) -> dict:  # fmt: skip
-    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}")
-    return finish_lego(start_lego(data, views, gpus, out, name, exchange, profile_steps, extra), evaluate)
+               profile_steps: int = 0, extra: list[str] = (), seed: int | None = None) -> dict:  # fmt: skip
+    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}") + ("" if seed is None else f"-s{seed}")
+    extra = [*extra, *([] if seed is None else ["--machine.seed", str(seed)])]
+    record = finish_lego(start_lego(data, views, gpus, out, name, exchange, profile_steps, extra), evaluate)
+    return {**record, "seed": seed}
+
+
+def lego_summary(runs: list[dict]) -> dict:
+    """Means over seeds of the 1- and 2-GPU runs (each run alone on the machine)."""
+    by_gpus = {g: [r for r in runs if r["gpus"] == g] for g in (1, 2)}
+    speed = {g: mean(r["views_per_second"] for r in rs) for g, rs in by_gpus.items()}
+    psnr = {g: [r["test_psnr"] for r in sorted(rs, key=lambda r: r["seed"])] for g, rs in by_gpus.items()}
+    return {
+        "views_seen": runs[0]["views"],
+        "seeds": sorted({r["seed"] for r in runs}),
+        "views_per_s_1gpu": speed[1],
+        "views_per_s_2gpu": speed[2],
+        "scaling_2gpu": speed[2] / speed[1],
+        "psnr_1gpu": mean(psnr[1]),
+        "psnr_2gpu": mean(psnr[2]),
+        "psnr_1gpu_seeds": psnr[1],
+        "psnr_2gpu_seeds": psnr[2],
+        "psnr_std_1gpu": stdev(psnr[1]) if len(psnr[1]) > 1 else None,
+        "psnr_std_2gpu": stdev(psnr[2]) if len(psnr[2]) > 1 else None,
+        "comm_bytes_reduction_lego": mean(r["exchange_reduction"] for r in by_gpus[2]),
+    }
 
 
 def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
@@ -163,6 +188,7 @@ def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> No
     dist.init_process_group("gloo" if smoke else "nccl", init_method=init, rank=rank, world_size=world)
     params = room_splats(n, seed=0, device=device)
     names = list(params)
+    exchanges = {"fp32": SparseRowExchange(), "fp16": SparseRowExchange(half=True)}  # capacity from earlier views
     rows = []
     for view in range(ROOM_VIEWS + 2):  # the first two warm up
         camera = room_camera(1000 * view + rank, device, *size)
@@ -172,17 +198,18 @@ def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> No
         out = rasterize(splats, camera, RasterizeOptions(sh_degree=3, backend=backend))
         out.rgb.sub(0.5).abs().mean().backward()
         grads = [params[n].grad for n in names]
-        visible = int(encode(torch.cat([g.reshape(n, -1) for g in grads], 1)).rows.numel())
+        visible = int(torch.cat([g.reshape(n, -1) for g in grads], 1).ne(0).any(1).sum())
         row = {"visible": visible}
-        for label, half in (("fp32", False), ("fp16", True)):
+        for label, exchange in exchanges.items():
             trial = [g.clone() for g in grads]
             sync = torch.cuda.synchronize if not smoke else (lambda: None)
             sync()
             start = time.perf_counter()
-            stats = average_sparse_rows(trial, half=half)
+            stats = exchange.average(trial)
             sync()
             row[f"compact_{label}_ms"] = 1000 * (time.perf_counter() - start)
             row[f"compact_{label}_bytes"] = stats.sent_bytes
+            row[f"compact_{label}_overflows"] = stats.overflows
             row["dense_bytes"] = stats.dense_bytes
         flat = torch.cat([g.reshape(-1) for g in grads])
         sync()
@@ -216,6 +243,7 @@ def measure_room(out: Path, smoke: bool = False) -> dict:
         summary[f"compact_{label}_bytes"] = sent
         summary[f"reduction_{label}"] = 1 - sent / dense
         summary[f"compact_{label}_ms_median"] = median(r[f"compact_{label}_ms"] for r in rows)
+        summary[f"compact_{label}_overflows"] = sum(r[f"compact_{label}_overflows"] for r in rows)
     summary["dense_ms_median"] = median(r["dense_ms"] for r in rows)
     summary["visible_fraction_mean"] = sum(sum(r["visible_all"]) for r in rows) / (2 * len(rows) * n)
     return summary
@@ -228,6 +256,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-multi-gpu"))
     parser.add_argument("--json", type=Path, default=HERE / "results" / "multi_gpu.json")
     parser.add_argument("--skip-lego", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="lego: one 2-GPU and one 1-GPU run each")
+    parser.add_argument("--add-to", type=Path, default=None,
+                        help="a JSON written by an earlier call: keep its room result and lego runs, add this call's "
+                             "lego runs (more seeds), skip the room")  # fmt: skip
     parser.add_argument(
         "--probe",
         nargs="+",
@@ -259,24 +291,20 @@ def main() -> None:
                       f"{prof['launches']:7.0f} {prof['syncs']:6.1f} {prof['sync_wait_ms']:8.2f}  "
                       f"{list(prof['sync_sources'].items())[:4]}")  # fmt: skip
         return
-    room = measure_room(args.out, smoke=args.cpu_smoke)
+    earlier = json.loads(args.add_to.read_text()) if args.add_to else None
+    room = earlier["room_2m"] if earlier else measure_room(args.out, smoke=args.cpu_smoke)
     if args.cpu_smoke:
         print(json.dumps(room, indent=2))
         return
     print(json.dumps(room, indent=2), flush=True)
     record: dict = {"gpu": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}", "room_2m": room}
     if not args.skip_lego:
-        two, one = (train_lego(args.data, args.views, gpus, args.out) for gpus in (2, 1))
-        record.update(
-            views_seen=args.views,
-            views_per_s_1gpu=one["views_per_second"],
-            views_per_s_2gpu=two["views_per_second"],
-            scaling_2gpu=two["views_per_second"] / one["views_per_second"],
-            psnr_1gpu=one["test_psnr"],
-            psnr_2gpu=two["test_psnr"],
-            lego_runs=[one, two],
-            comm_bytes_reduction_lego=two["exchange_reduction"],
-        )
+        runs = earlier["lego_runs"] if earlier else []
+        for seed in args.seeds:
+            runs += [train_lego(args.data, args.views, gpus, args.out, seed=seed) for gpus in (2, 1)]
+            record.update(lego_summary(runs), lego_runs=runs)
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(record, indent=2) + "\n")  # what is done so far, should a later run fail
     record["comm_bytes_reduction"] = room["reduction_fp32"]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=2) + "\n")
@@ -287,12 +315,15 @@ def main() -> None:
           f"{room['dense_bytes'] / 2**20:.1f} MiB; time {room['compact_fp32_ms_median']:.2f} / "
           f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms")  # fmt: skip
     if not args.skip_lego:
-        print(f"{'lego':<6} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
-        for run in sorted(record["lego_runs"], key=lambda r: r["gpus"]):
+        print(f"{'lego':<6} {'seed':>5} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
+        for run in sorted(record["lego_runs"], key=lambda r: (r["gpus"], r["seed"])):
             less = "-" if run["exchange_reduction"] is None else f"{100 * run['exchange_reduction']:.1f}%"
-            print(f"{run['gpus']} GPU  {run['views']:6d} {run['views_per_second']:8.1f} {run['test_psnr']:7.2f} "
-                  f"{less:>10} {run['wall_s']:7.0f}")  # fmt: skip
-        print(f"scaling 2 GPUs / 1 GPU: {record['scaling_2gpu']:.2f}x")
+            print(f"{run['gpus']} GPU  {run['seed']:5d} {run['views']:6d} {run['views_per_second']:8.1f} "
+                  f"{run['test_psnr']:7.2f} {less:>10} {run['wall_s']:7.0f}")  # fmt: skip
+        print(
+            f"scaling 2 GPUs / 1 GPU: {record['scaling_2gpu']:.2f}x (mean views/s over seeds); PSNR "
+            f"{record['psnr_2gpu']:.2f} vs {record['psnr_1gpu']:.2f} dB (2 vs 1 GPU, mean over seeds)"
+        )
 
 
 if __name__ == "__main__":

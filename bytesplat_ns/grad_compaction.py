@@ -1,40 +1,46 @@
-"""Sparse-gradient compaction: exchange only the gradient rows a rank's view touched.
+"""Sparse-gradient compaction: exchange only the gradient rows a rank's view touched, without a host sync.
 
-Each rank's splat gradients are non-zero only for the splats its camera saw. Instead of a dense
-all-reduce of the [N, ...] gradients, every rank encodes its non-zero rows (over all splat parameters
-at once) as (row indices, values), the ranks all-gather those variable-length buffers, and each rank
-decodes them by adding every rank's rows, in rank order, into the dense gradient, then divides by the
-world size: the mean an all-reduce would give, and bitwise the same on every rank (each rank's rows are
-distinct, so no two additions race), which keeps the ranks' splats identical.
+Each rank's splat gradients are non-zero only for the splats its camera saw. Instead of a dense all-reduce
+of the [N, ...] gradients, each step (`SparseRowExchange.average`):
+1. encode: the rows of the [N, D] gradient (every splat parameter side by side) with a non-zero entry, the
+   first `capacity` of them in row order (torch.nonzero_static: no host sync), go into one buffer of
+   capacity + 1 rows behind a header row (this rank's non-zero row count and its note); each row is its
+   index (int32, bit-cast into the value type's slots) then its D values (fp32, or fp16 as an option);
+2. one all_gather_into_tensor of those equal-sized buffers;
+3. decode: every rank's rows are added, in rank order and scaled by 1/world, into a zeroed dense gradient:
+   the mean an all-reduce gives, and bitwise the same on every rank (a rank's rows are distinct, so no two
+   additions race), which keeps the ranks' splats identical;
+4. the gathered headers go to host memory without waiting and are read at the next exchange, when they
+   have long arrived: the counts set the capacity, the notes carry pause/stop requests (run_control.py).
+   Both act one step late, on every rank alike.
+
+The capacity is the same on every rank (it comes from the gathered counts): the largest visible fraction of
+the last `window` exchanges times `headroom`, times N, rounded up to 1024 rows; all N rows until the first
+counts are read. A rank with more non-zero rows than the capacity (its view saw far more than the recent
+ones) sends the first `capacity` rows and keeps the rest as a residual, added to its next gradient: sent a
+step late, not lost, and the capacity grows at the next exchange (`ExchangeStats.overflows`). A residual
+pending when densification changes the splat count is dropped (its row indices no longer mean anything).
 
 Why an all-gather rather than an all-to-all: with an all-to-all each rank would own a slice of the splats,
 receive the rows of its slice, sum them and send the sums back: two rounds, the second carrying the union
 of the visible rows. On 2 GPUs that sends at least as many bytes as the all-gather (equal when both views
-see the same splats), at twice the latency; benchmarks/multi_gpu.py reports both byte counts from the rows
-each step actually exchanged.
+see the same splats), at twice the latency.
 
-Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs). Two all-gathers (headers, then rows
-and values in one buffer) and two host syncs: the row count (nonzero) and the gathered counts (buffer sizes).
+Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-
-@dataclass
-class PackedRows:
-    """The non-zero rows of a gradient."""
-
-    rows: Tensor  # [M] int32 row indices into the dense gradient
-    values: Tensor  # [M, D] the rows, flattened to D values each (float32, or float16 when compressed)
-
-    def row_bytes(self) -> int:
-        return self.rows.element_size() + self.values.shape[1] * self.values.element_size()
+CAPACITY_GRANULE = 1024
+"""Capacities are multiples of this many rows (fewer distinct buffer sizes for the allocator)."""
 
 
 @dataclass
@@ -42,90 +48,149 @@ class ExchangeStats:
     """What one exchange moved, in bytes each rank sent, against a dense ring all-reduce of the same gradients."""
 
     sent_bytes: int
-    """Compacted: this rank's packed buffer (padded to the largest rank's) to each of the world - 1 peers."""
+    """Compacted: this rank's buffer (capacity + 1 rows) to each of the world - 1 peers."""
     dense_bytes: int
     """Dense ring all-reduce of the same fp32 gradients: 2 (world - 1) / world of their size."""
     notes: list[int]
-    """Every rank's `note`, in rank order."""
+    """Every rank's `note` of the previous exchange, in rank order (zeros at the first)."""
+    overflows: int = 0
+    """1 if the previous exchange had a rank with more non-zero rows than the capacity."""
 
 
-def encode(flat: Tensor, half: bool = False) -> PackedRows:
-    """flat: [N, D] -> its rows with any non-zero entry (one host sync: the row count)."""
-    rows = torch.nonzero(flat.ne(0).any(dim=1)).squeeze(1)  # [M]
-    values = flat.index_select(0, rows)
-    return PackedRows(rows=rows.int(), values=values.half() if half else values)
+class LateRead:
+    """A small device tensor's values, copied to the host now and read later without making the host wait."""
+
+    def __init__(self, values: Tensor) -> None:
+        self._ready: torch.cuda.Event | None = None
+        if values.is_cuda:
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = values.clone()
+
+    def tolist(self) -> list:
+        if self._ready is not None:
+            self._ready.synchronize()  # long done by the time this is called: no wait
+        return self._host.tolist()
 
 
-def decode(packs: list[PackedRows], num_rows: int, dtype: torch.dtype) -> Tensor:
-    """Sum every rank's rows, in rank order, into a dense [num_rows, D] tensor."""
-    width = packs[0].values.shape[1]
-    dense = torch.zeros(num_rows, width, dtype=dtype, device=packs[0].values.device)  # [N, D]
-    for pack in packs:
-        dense.index_add_(0, pack.rows, pack.values.to(dtype))
-    return dense
+@dataclass
+class SparseRowExchange:
+    """The compacted gradient exchange of one training run (it keeps the capacity and last headers)."""
+
+    half: bool = False
+    """Send the values as float16 (the sum is formed in float32)."""
+    headroom: float = 1.25
+    """Capacity = this times the largest visible fraction seen in the last `window` exchanges."""
+    window: int = 100
+    group: object = None
+    capacity: int = 0
+    """Rows per rank in the last exchange."""
+    _fractions: deque = field(default_factory=deque)
+    _headers: LateRead | None = None
+    _last_rows: int = 0
+    _residual: Tensor | None = None
+
+    def average(self, grads: list[Tensor], note: int = 0) -> ExchangeStats:
+        """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks."""
+        world = dist.get_world_size(self.group)
+        notes, overflowed = self._read_last_headers(world)
+        num_rows = grads[0].shape[0]
+        widths = [g[0].numel() for g in grads]
+        flat = grads[0].new_empty(num_rows + 1, sum(widths))  # [N + 1, D]; row N stays zero (padding reads it)
+        torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
+        flat[num_rows].zero_()
+        if overflowed and self._residual is not None and self._residual.shape == flat.shape:
+            flat.add_(self._residual)
+        self._residual = None
+        self.capacity = self._next_capacity(num_rows)
+        buffer = self._encode(flat, note)
+        gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
+        dist.all_gather_into_tensor(gathered, buffer, group=self.group)
+        gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
+        slots = self._slots(buffer.dtype)
+        self._headers = LateRead(gathered[:, 0, : 2 * slots].contiguous().view(torch.int32))  # [W, 2]
+        self._last_rows = num_rows
+        dense = flat.new_zeros(num_rows + 1, flat.shape[1])  # [N + 1, D]
+        for rank in range(world):
+            rows = gathered[rank, 1:, :slots].contiguous().view(torch.int32).view(-1)  # [capacity]
+            dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=1.0 / world)
+        for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
+            grad.copy_(part.reshape(grad.shape))
+        return ExchangeStats(
+            sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
+            dense_bytes=2 * (world - 1) * num_rows * flat.shape[1] * 4 // world,
+            notes=notes,
+            overflows=int(overflowed),
+        )
+
+    @staticmethod
+    def _slots(dtype: torch.dtype) -> int:
+        """Value slots holding one int32."""
+        return 4 // torch.empty((), dtype=dtype).element_size()
+
+    def _encode(self, flat: Tensor, note: int) -> Tensor:
+        """flat: [N + 1, D] (row N zero) -> [capacity + 1, slots + D]: header row, then (row index, values) rows;
+        rows past this rank's count point at row N. Keeps the rows that did not fit as the residual."""
+        num_rows, capacity = flat.shape[0] - 1, self.capacity
+        dtype = torch.float16 if self.half else flat.dtype
+        slots = self._slots(dtype)
+        touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
+        rows = torch.nonzero_static(touched, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
+        buffer = flat.new_empty(capacity + 1, slots + flat.shape[1], dtype=dtype)
+        buffer[0, :slots] = touched.sum(dtype=torch.int32).view(1).view(dtype)
+        buffer[0, slots : 2 * slots].view(torch.int32).fill_(note)
+        buffer[1:, :slots] = rows.int().view(dtype).view(capacity, slots)
+        buffer[1:, slots:] = flat.index_select(0, rows)
+        if capacity < num_rows:  # rows that did not fit (known a step later) wait in the residual
+            self._residual = flat.index_fill_(0, rows, 0)
+        return buffer
+
+    def _read_last_headers(self, world: int) -> tuple[list[int], bool]:
+        """The previous exchange's notes, and whether it overflowed; its counts go into the capacity window."""
+        if self._headers is None:
+            return [0] * world, False
+        counts, notes = zip(*self._headers.tolist())
+        self._fractions.append(max(counts) / max(1, self._last_rows))
+        if len(self._fractions) > self.window:
+            self._fractions.popleft()
+        return list(notes), max(counts) > self.capacity
+
+    def _next_capacity(self, num_rows: int) -> int:
+        if not self._fractions:
+            return num_rows
+        rows = math.ceil(num_rows * min(1.0, max(self._fractions) * self.headroom))
+        return max(1, min(num_rows, -(-rows // CAPACITY_GRANULE) * CAPACITY_GRANULE))
 
 
-def all_gather_packed(pack: PackedRows, note: int = 0, group=None) -> tuple[list[PackedRows], list[int]]:
-    """Every rank's PackedRows and note. Two all-gathers: the (row count, note) headers, then one buffer per rank
-    padded to the largest count, each row its index (int32, bit-cast into the value type's slots) then values."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    header = torch.tensor([pack.rows.numel(), note], device=pack.rows.device)
-    headers = header.new_empty(world * 2)
-    dist.all_gather_into_tensor(headers, header, group=group)
-    counts, notes = headers.view(world, 2).T.tolist()  # host sync: buffer sizes
-    most, count, width = max(counts), counts[rank], pack.values.shape[1]
-    slots = 4 // pack.values.element_size()  # value slots holding one int32 row index
-    buffer = pack.values.new_zeros(most, slots + width)
-    buffer[:count, :slots] = pack.rows.view(pack.values.dtype).view(count, slots)
-    buffer[:count, slots:] = pack.values
-    gathered = buffer.new_empty(world * most, slots + width)
-    dist.all_gather_into_tensor(gathered, buffer, group=group)
-    gathered = gathered.view(world, most, slots + width)
-    packs = [
-        PackedRows(gathered[r, :c, :slots].contiguous().view(torch.int32).view(c), gathered[r, :c, slots:])
-        for r, c in enumerate(counts)
-    ]
-    return packs, notes
+@dataclass
+class DenseExchange:
+    """Every gradient in one all-reduce (--pipeline.exchange dense), the notes in W extra slots, read a step
+    late like SparseRowExchange's."""
 
+    group: object = None
+    _notes: LateRead | None = None
 
-def average_sparse_rows(grads: list[Tensor], half: bool = False, note: int = 0, group=None) -> ExchangeStats:
-    """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks.
-
-    `note` is a small integer every rank sends along with its row count (the trainer uses it for pause/stop
-    requests, so they cost no extra round trip); every rank's note comes back in the stats."""
-    num_rows = grads[0].shape[0]
-    widths = [g[0].numel() for g in grads]
-    flat = torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1)  # [N, D]
-    pack = encode(flat, half=half)
-    packs, notes = all_gather_packed(pack, note=note, group=group)
-    world = dist.get_world_size(group)
-    dense = decode(packs, num_rows, flat.dtype).div_(world)
-    for grad, part in zip(grads, dense.split(widths, dim=1)):
-        grad.copy_(part.reshape(grad.shape))
-    most = max(p.rows.numel() for p in packs)
-    return ExchangeStats(
-        sent_bytes=(world - 1) * most * pack.row_bytes(),
-        dense_bytes=2 * (world - 1) * flat.numel() * 4 // world,
-        notes=notes,
-    )
-
-
-def average_dense(grads: list[Tensor], note: int | None = None, group=None) -> ExchangeStats:
-    """Plain all-reduce mean of dense gradients, in one flat buffer (camera optimizer, bilateral grid; or every
-    gradient with --pipeline.exchange dense). With `note`, every rank's note travels in W extra slots."""
-    if not grads:
-        return ExchangeStats(sent_bytes=0, dense_bytes=0, notes=[])
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    parts = [g.reshape(-1) for g in grads]
-    if note is not None:
+    def average(self, grads: list[Tensor], note: int = 0) -> ExchangeStats:
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        notes = [round(n * world) for n in self._notes.tolist()] if self._notes is not None else [0] * world
         slots = grads[0].new_zeros(world)
         slots[rank] = note
-        parts.append(slots)
-    flat = torch.cat(parts)
+        flat = all_reduce_mean([*grads, slots], group=self.group)
+        self._notes = LateRead(flat[-world:])  # the means: note / world each
+        dense_bytes = 2 * (world - 1) * (flat.numel() - world) * 4 // world
+        return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)
+
+
+def all_reduce_mean(grads: list[Tensor], group=None) -> Tensor:
+    """Replace each of `grads` in place by its mean over the ranks (one all-reduce of one flat buffer, returned)."""
+    if not grads:
+        return torch.empty(0)
+    flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
-    values = flat[: flat.numel() - (world if note is not None else 0)].div_(world)
-    for grad, part in zip(grads, values.split([g.numel() for g in grads])):
+    flat.div_(dist.get_world_size(group))
+    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
         grad.copy_(part.reshape(grad.shape))
-    notes = [int(n) for n in flat[values.numel() :].tolist()] if note is not None else []  # host sync
-    dense_bytes = 2 * (world - 1) * values.numel() * 4 // world
-    return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)
+    return flat

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from nerfstudio.pipelines.base_pipeline import Pipeline, VanillaPipeline, VanillaPipelineConfig
 
-from bytesplat_ns.grad_compaction import ExchangeStats, average_dense, average_sparse_rows
+from bytesplat_ns.grad_compaction import DenseExchange, ExchangeStats, SparseRowExchange, all_reduce_mean
 from bytesplat_ns.input_checks import BadInputError
 from bytesplat_ns.strategy import gather_counts
 
@@ -68,6 +68,8 @@ class ByteSplatPipeline(VanillaPipeline):
         )
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
+        half = config.half_precision_exchange
+        self.exchange = DenseExchange() if config.exchange == "dense" else SparseRowExchange(half=half)
 
     def broadcast_from_rank0(self) -> None:
         """Make every rank's model rank 0's: the splat count is checked, then every tensor is broadcast."""
@@ -85,8 +87,8 @@ class ByteSplatPipeline(VanillaPipeline):
 
     def average_gradients(self, note: int = 0) -> ExchangeStats:
         """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest
-        (--pipeline.exchange dense: one all-reduce for all). `note` travels with the exchange (see
-        run_control.py); every rank's note is in the returned stats."""
+        (--pipeline.exchange dense: one all-reduce for all). No host sync. `note` travels with the exchange (see
+        run_control.py); every rank's note of the previous step is in the returned stats."""
         splat_ids = {id(p) for p in self.model.gauss_params.values()}
         params = [p for group in self.get_param_groups().values() for p in group]
         for param in params:  # a parameter this rank's step did not reach contributes zeros, as on every rank
@@ -94,9 +96,7 @@ class ByteSplatPipeline(VanillaPipeline):
                 param.grad = torch.zeros_like(param)
         splat_grads = [p.grad for p in self.model.gauss_params.values()]
         other_grads = [p.grad for p in params if id(p) not in splat_ids]
-        if self.config.exchange == "dense":
-            stats = average_dense(splat_grads + other_grads, note=note)
-        else:
-            stats = average_sparse_rows(splat_grads, half=self.config.half_precision_exchange, note=note)
-            average_dense(other_grads)
-        return stats
+        if isinstance(self.exchange, DenseExchange):
+            return self.exchange.average(splat_grads + other_grads, note=note)
+        all_reduce_mean(other_grads)
+        return self.exchange.average(splat_grads, note=note)

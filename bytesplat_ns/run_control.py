@@ -4,10 +4,13 @@ Only rank 0 has the viewer, but a rank that pauses or stops alone leaves the oth
 gradient exchange. So a request (the viewer's pause/resume on rank 0, Ctrl-C or SIGTERM on any rank) is
 only a wish until the ranks agree on it:
 - while training, each rank sends its wish as the `note` of the gradient exchange it already makes every
-  step (no extra round trip); all ranks take the strongest wish (stop > pause > train) and act on it at
-  the top of the next step, together;
+  step (no extra round trip); the exchange hands every rank's notes back one step later (it never makes the
+  host wait for them), all ranks take the strongest wish (stop > pause > train) and act on it at the top of
+  the next step, together;
 - while paused, no exchange runs: rank 0 publishes resume or stop in the rendezvous store, and the other
   ranks poll it (each poll is one store read, only while paused).
+A note carries the number of resumes its rank had seen, so the notes of the steps before a pause, handed
+back after the resume, are recognised as stale and ignored.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass, field
 
 KEY = "bytesplat/run_control"
 PAUSE, STOP = 1, 2
+WISHES = 4
+"""note = wish + WISHES * resumes."""
 
 
 @dataclass
@@ -33,11 +38,12 @@ class RunControl:
 
     def note(self) -> int:
         """This rank's wish as a number for the exchange."""
-        return STOP if self.requested_stop else PAUSE if self.requested_state == "paused" else 0
+        wish = STOP if self.requested_stop else PAUSE if self.requested_state == "paused" else 0
+        return wish + WISHES * self.resumes
 
     def agree(self, notes: list[int]) -> None:
         """Every rank's note, from the exchange: all ranks reach the same decision."""
-        strongest = max(notes)
+        strongest = max((n % WISHES for n in notes if n // WISHES == self.resumes), default=0)
         self.agreed_stop = self.agreed_stop or strongest == STOP
         self.agreed_state = "paused" if strongest == PAUSE else "training"
 

@@ -4,7 +4,7 @@ Rank 0 shows them in the closing summary and writes them to `<run folder>/bytesp
 benchmarks read; every other rank writes its own beside it (`bytesplat_stats_rank<r>.json`). Times are host
 wall times: a whole training iteration (densification callbacks included; evaluations, logging and
 checkpoints between iterations excluded), split into phases: forward (data, render, loss), backward,
-exchange (several GPUs: the gradient exchange, its host syncs included), optimizer, and the callbacks.
+exchange (several GPUs: the gradient exchange), optimizer, and the callbacks.
 Host time of a phase includes waiting for the GPU only where the phase syncs.
 """
 
@@ -42,6 +42,8 @@ class RunStats:
     """Sum over steps of the bytes each rank sent in the compacted exchange."""
     exchange_dense_bytes: int = 0
     """Sum over steps of what a dense ring all-reduce of the same gradients would have sent per rank."""
+    exchange_overflows: int = 0
+    """Exchanges where a rank had more touched rows than the capacity (the rest went a step later)."""
     _started: float | None = None
 
     def start_step(self) -> None:
@@ -60,6 +62,7 @@ class RunStats:
         if exchange is not None:
             self.exchange_sent_bytes += exchange.sent_bytes
             self.exchange_dense_bytes += exchange.dense_bytes
+            self.exchange_overflows += exchange.overflows
 
     @property
     def views_per_second(self) -> float:
@@ -89,7 +92,8 @@ class RunStats:
             dense = self.exchange_dense_bytes / self.steps / 2**20
             less = 100 * self.exchange_reduction
             rows.append(("Gradient exchange", f"{per_step:.2f} MiB/step per GPU vs {dense:.2f} MiB for a dense "
-                                              f"all-reduce ({less:.1f}% less)"))  # fmt: skip
+                                              f"all-reduce ({less:.1f}% less; {self.exchange_overflows} "
+                                              "overflows)"))  # fmt: skip
         return rows
 
     def write(self, path: Path, **extra: object) -> None:

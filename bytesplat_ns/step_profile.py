@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
 
@@ -96,13 +97,21 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
 
 
 def sync_sources(prof: profile, names: tuple[str, ...] = SYNCS) -> Counter:
-    """Innermost Python frame outside torch above each of the `names` calls -> how many there were."""
+    """Innermost Python frame outside torch around each of the `names` calls -> how many there were."""
+    frames: dict[int, list] = {}
+    for event in prof.events():
+        if FRAME.match(event.name) and not event.name.startswith("torch/"):
+            frames.setdefault(event.thread, []).append(event)
+    for thread in frames.values():
+        thread.sort(key=lambda e: e.time_range.start)
+    starts = {thread: [e.time_range.start for e in events] for thread, events in frames.items()}
     sources: Counter = Counter()
     for event in prof.events():
         if event.name not in names:
             continue
-        parent = event.cpu_parent
-        while parent is not None and not (FRAME.match(parent.name) and not parent.name.startswith("torch/")):
-            parent = parent.cpu_parent
-        sources["unknown" if parent is None else parent.name] += 1
+        around = frames.get(event.thread, [])
+        i = bisect_right(starts.get(event.thread, []), event.time_range.start) - 1
+        while i >= 0 and around[i].time_range.end < event.time_range.end:  # ended before: not around it
+            i -= 1
+        sources[around[i].name if i >= 0 else "unknown"] += 1
     return sources
