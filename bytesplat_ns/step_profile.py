@@ -11,16 +11,16 @@ S .. S+K-1 (whole iterations, densification callbacks included) and writes per-s
   copies), with the host time spent in them (sync_wait_ms): `.item()`, `nonzero`, `.tolist()` of CUDA
   tensors all end in one of these; memcpy_ms: host time in cudaMemcpyAsync (a copy to pageable host memory
   blocks there until the GPU reaches it);
-- where the syncs come from (the innermost Python frame outside torch that led to each);
+- where the syncs come from: the Python line of each synchronizing call (torch.cuda.set_sync_debug_mode's
+  warnings, so the explicit ones, NCCL's and event waits, are not among them);
 - the ops taking the most host time (self time) and the kernels taking the most GPU time.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
-from bisect import bisect_right
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -32,8 +32,6 @@ LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
             "cudaLaunchCooperativeKernel")  # fmt: skip
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 TOP = 15
-FRAME = re.compile(r"^\S+\(\d+\): ")
-"""A Python frame as the profiler names it: `path(line): function`."""
 
 
 class StepProfiler:
@@ -48,8 +46,13 @@ class StepProfiler:
         if self.steps <= 0 or step != self.start:
             return
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self._profile = profile(activities=activities, with_stack=True)
+        self._profile = profile(activities=activities)
         self._profile.__enter__()
+        self._sync_warnings = warnings.catch_warnings(record=True)
+        self._caught = self._sync_warnings.__enter__()
+        warnings.simplefilter("always")
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn")  # every synchronizing call warns, naming its Python line
         self._began = time.perf_counter()
 
     def after_step(self, step: int) -> None:
@@ -58,8 +61,13 @@ class StepProfiler:
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the last step's kernels finish inside the profile (once, not per step)
         host_s = time.perf_counter() - self._began
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode(0)
+        self._sync_warnings.__exit__(None, None, None)
         self._profile.__exit__(None, None, None)
         summary = summarize(self._profile, self.steps, host_s)
+        sources = Counter(f"{w.filename}:{w.lineno}" for w in self._caught if "synchroniz" in str(w.message))
+        summary["sync_sources"] = {where: n / self.steps for where, n in sources.most_common(TOP)}
         self._profile = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"first_step": self.start, **summary}, indent=2) + "\n")
@@ -84,7 +92,6 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
         "sync_wait_ms": sum(a.self_cpu_time_total for a in calls(SYNCS)) / 1000 * per_step,
         "sync_calls": {a.key: a.count * per_step for a in calls(SYNCS)},
         "memcpy_ms": sum(a.self_cpu_time_total for a in calls(("cudaMemcpyAsync",))) / 1000 * per_step,
-        "sync_sources": {where: n * per_step for where, n in sync_sources(prof).most_common(TOP)},
         "top_host_ops_ms": {
             a.key: a.self_cpu_time_total / 1000 * per_step
             for a in sorted(host, key=lambda a: a.self_cpu_time_total, reverse=True)[:TOP]
@@ -94,24 +101,3 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
             for a in sorted(device, key=lambda a: a.self_device_time_total, reverse=True)[:TOP]
         },
     }
-
-
-def sync_sources(prof: profile, names: tuple[str, ...] = SYNCS) -> Counter:
-    """Innermost Python frame outside torch around each of the `names` calls -> how many there were."""
-    frames: dict[int, list] = {}
-    for event in prof.events():
-        if FRAME.match(event.name) and not event.name.startswith("torch/"):
-            frames.setdefault(event.thread, []).append(event)
-    for thread in frames.values():
-        thread.sort(key=lambda e: e.time_range.start)
-    starts = {thread: [e.time_range.start for e in events] for thread, events in frames.items()}
-    sources: Counter = Counter()
-    for event in prof.events():
-        if event.name not in names:
-            continue
-        around = frames.get(event.thread, [])
-        i = bisect_right(starts.get(event.thread, []), event.time_range.start) - 1
-        while i >= 0 and around[i].time_range.end < event.time_range.end:  # ended before: not around it
-            i -= 1
-        sources[around[i].name if i >= 0 else "unknown"] += 1
-    return sources
