@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from gsplat.strategy.ops import remove
 from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.model_components.lib_bilagrid import color_correct, total_variation_loss
 from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
@@ -57,11 +58,19 @@ class SplatOutOfMemoryError(RuntimeError):
 
 def viewmat_from_camera_to_world(c2w: Tensor) -> Tensor:
     """Nerfstudio camera-to-world [3, 4] (OpenGL axes) -> world-to-camera [4, 4] in OpenCV axes."""
-    rot = c2w[:, :3] * c2w.new_tensor([1.0, -1.0, -1.0])  # flip y and z
+    rot = torch.cat([c2w[:, :1], -c2w[:, 1:3]], dim=1)  # flip y and z
     viewmat = torch.eye(4, dtype=c2w.dtype, device=c2w.device)
     viewmat[:3, :3] = rot.T
     viewmat[:3, 3] = -rot.T @ c2w[:, 3]
     return viewmat
+
+
+def intrinsics_matrix(camera: Cameras, downscale: int = 1) -> Tensor:
+    """[3, 3] pinhole intrinsics of the first camera at 1/downscale resolution, built where the camera's tensors
+    are (nerfstudio's get_intrinsics_matrices builds them in host memory: a copy from the GPU per entry)."""
+    fx, fy, cx, cy = (getattr(camera, name).reshape(-1)[0] / downscale for name in ("fx", "fy", "cx", "cy"))
+    zero, one = torch.zeros_like(fx), torch.ones_like(fx)
+    return torch.stack([fx, zero, cx, zero, fy, cy, zero, zero, one]).view(3, 3)
 
 
 class ByteSplatModel(SplatfactoModel):
@@ -209,14 +218,14 @@ class ByteSplatModel(SplatfactoModel):
                 )
 
         downscale = self._get_downscale_factor()
-        camera.rescale_output_resolution(1 / downscale)
-        K = camera.get_intrinsics_matrices()[0].to(self.device)
+        K = intrinsics_matrix(camera, downscale).to(self.device)  # [3, 3]
         size = (camera.metadata or {}).get("size")  # training cameras: Python ints, no host sync
         if size is not None:
             width, height = size[0] // downscale, size[1] // downscale
         else:
+            camera.rescale_output_resolution(1 / downscale)  # nerfstudio's rounding of the scaled size
             width, height = int(camera.width.item()), int(camera.height.item())
-        camera.rescale_output_resolution(downscale)
+            camera.rescale_output_resolution(downscale)
         self.last_size = (height, width)
 
         background = self._get_background_color()
@@ -247,13 +256,51 @@ class ByteSplatModel(SplatfactoModel):
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
 
+    # Splatfacto's training metrics and loss, computed without host syncs: splatfacto's versions copy small
+    # tensors from host memory every step (torchmetrics' PSNR, the SSIM window, a zero scale_reg), and each such
+    # copy waits for the GPU.
+    def _target(self, outputs, batch) -> Tensor:
+        """The ground truth at the current resolution, composited over the background [H, W, 3] (once per batch)."""
+        if "bytesplat_target" not in batch:
+            image = self.get_gt_img(batch["image"])
+            batch["bytesplat_target"] = self.composite_with_background(image, outputs["background"])
+        return batch["bytesplat_target"]
+
     def get_metrics_dict(self, outputs, batch) -> dict[str, Tensor]:
         """Splatfacto's training metrics, plus the splats pruned on-chip this step (fused renderer), which the
         trainer logs every --logging.steps-per-log steps (the only time it is read back from the GPU)."""
-        metrics = super().get_metrics_dict(outputs, batch)
+        gt, pred = self._target(outputs, batch), outputs["rgb"]
+        metrics = {"psnr": -10.0 * torch.log10(torch.mean((pred - gt) ** 2)), "gaussian_count": self.num_points}
+        if self.config.color_corrected_metrics:
+            metrics["cc_psnr"] = -10.0 * torch.log10(torch.mean((color_correct(pred, gt) - gt) ** 2))
+        self.camera_optimizer.get_metrics_dict(metrics)
         if self.training and self.pruned is not None:
             metrics["pruned_tile_entries"] = self.pruned.sum()
         return metrics
+
+    def get_loss_dict(self, outputs, batch, metrics_dict=None) -> dict[str, Tensor]:
+        """Splatfacto's loss: (1 - ssim_lambda) L1 + ssim_lambda (1 - SSIM), masks, scale regularisation, camera
+        optimizer and bilateral-grid terms."""
+        gt, pred = self._target(outputs, batch), outputs["rgb"]
+        if "mask" in batch:  # masked pixels black in both images, as splatfacto
+            mask = self._downscale_if_required(batch["mask"]).to(self.device)
+            gt, pred = gt * mask, pred * mask
+        if self.ssim.win.device != gt.device:  # pytorch_msssim keeps its window as a plain CPU attribute
+            self.ssim.win = self.ssim.win.to(gt.device)
+        l1 = torch.abs(gt - pred).mean()
+        simloss = 1 - self.ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+        scale_reg = torch.zeros((), device=self.device)
+        if self.config.use_scale_regularization and self.step % 10 == 0:
+            scale_exp = torch.exp(self.scales)
+            ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
+            scale_reg = 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()
+        lam = self.config.ssim_lambda
+        loss_dict = {"main_loss": (1 - lam) * l1 + lam * simloss, "scale_reg": scale_reg}
+        if self.training:
+            self.camera_optimizer.get_loss_dict(loss_dict)
+            if self.config.use_bilateral_grid:
+                loss_dict["tv_loss"] = 10 * total_variation_loss(self.bil_grids.grids)
+        return loss_dict
 
     def get_image_metrics_and_images(self, outputs, batch):
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])

@@ -18,7 +18,7 @@ refine step, before the statistics are reset.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,9 @@ class ByteSplatStrategy(DefaultStrategy):
     """Seeds each refine's random draws (with the step)."""
     distributed: bool = False
     """Reduce the statistics over the default process group and check splat counts after each refine."""
+    _scales: dict = field(default_factory=dict, repr=False)
+    """(width, height, cameras, device) -> the [2] gradient scale on the device, made once (each new_tensor would
+    be a copy from host memory that waits for the GPU)."""
 
     @torch.no_grad()
     def _update_state(self, params, state, info, packed=False):
@@ -43,7 +46,10 @@ class ByteSplatStrategy(DefaultStrategy):
             return super()._update_state(params, state, info, packed=packed)
         means2d = info[self.key_for_gradient]
         grads = means2d.absgrad if self.absgrad else means2d.grad  # [C, N, 2]
-        scale = grads.new_tensor([info["width"] / 2.0 * info["n_cameras"], info["height"] / 2.0 * info["n_cameras"]])
+        key = (info["width"], info["height"], info["n_cameras"], grads.device)
+        if key not in self._scales:
+            self._scales[key] = grads.new_tensor([key[0] / 2.0 * key[2], key[1] / 2.0 * key[2]])
+        scale = self._scales[key]
         visible = info["radii"] > 0.0  # [C, N]
         n = len(params["means"])
         for key in ("grad2d", "count") + (("radii",) if self.refine_scale2d_stop_iter > 0 else ()):

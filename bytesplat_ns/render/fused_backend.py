@@ -99,8 +99,7 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
     if opts.sh_degree is None:
         colors = splats.colors[None]  # [1, N, 3]
     else:
-        campos = torch.inverse(viewmats)[:, :3, 3]  # [1, 3]
-        dirs = splats.means[None] - campos[:, None, :]  # [1, N, 3]
+        dirs = splats.means[None] - camera.position  # [1, N, 3]
         colors = spherical_harmonics(opts.sh_degree, dirs, splats.colors[None], masks=radii > 0)
         colors = torch.clamp_min(colors + 0.5, 0.0)  # [1, N, 3]
     if with_depth:

@@ -1,19 +1,31 @@
-"""gsplat 1.4.0's `rasterization()`, called as splatfacto calls it (classic mode, unpacked)."""
+"""gsplat 1.4.0's `rasterization()`, called as splatfacto calls it (classic mode, unpacked).
+
+One difference: the SH colours are evaluated here (gsplat's kernel, the same formula, the colours of every
+splat rather than of the visible ones only), from the camera centre of the rigid viewmat. `rasterization()`
+would invert the viewmat with torch.inverse, whose singularity check makes the host wait for the GPU.
+"""
 
 from __future__ import annotations
+
+import torch
 
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
 
 
 def rasterize_gsplat(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
+    from gsplat.cuda._wrapper import spherical_harmonics
     from gsplat.rendering import rasterization
 
+    colors = splats.colors  # [N, 3] RGB, or [N, K, 3] SH coefficients
+    if opts.sh_degree is not None:
+        colors = spherical_harmonics(opts.sh_degree, splats.means - camera.position, colors)  # [N, 3]
+        colors = torch.clamp_min(colors + 0.5, 0.0)
     render, alpha, info = rasterization(
         means=splats.means,
         quats=splats.quats,
         scales=splats.scales,
         opacities=splats.opacities,
-        colors=splats.colors,
+        colors=colors,
         viewmats=camera.viewmat[None],  # [1, 4, 4]
         Ks=camera.K[None],  # [1, 3, 3]
         width=camera.width,
@@ -22,7 +34,7 @@ def rasterize_gsplat(splats: Splats, camera: RasterCamera, opts: RasterizeOption
         far_plane=opts.far_plane,
         eps2d=opts.eps2d,
         tile_size=opts.tile_size,
-        sh_degree=opts.sh_degree,
+        sh_degree=None,
         packed=False,
         absgrad=opts.absgrad,
         sparse_grad=False,

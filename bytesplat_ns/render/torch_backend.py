@@ -27,9 +27,7 @@ def splat_colors(splats: Splats, camera: RasterCamera, sh_degree: int | None) ->
     """[N, 3] colour of each splat as seen from the camera."""
     if sh_degree is None:
         return splats.colors
-    rot, trans = camera.viewmat[:3, :3], camera.viewmat[:3, 3]
-    cam_pos = -rot.T @ trans
-    return sh_to_rgb(sh_degree, splats.colors, splats.means - cam_pos)
+    return sh_to_rgb(sh_degree, splats.colors, splats.means - camera.position)
 
 
 def rasterize_torch(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:

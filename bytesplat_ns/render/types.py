@@ -30,10 +30,16 @@ class Splats:
 class RasterCamera:
     """One pinhole camera in OpenCV axes (x right, y down, z forward), as gsplat uses them."""
 
-    viewmat: Tensor  # [4, 4] world-to-camera
+    viewmat: Tensor  # [4, 4] world-to-camera, rigid
     K: Tensor  # [3, 3] intrinsics in pixels
     width: int
     height: int
+
+    @property
+    def position(self) -> Tensor:
+        """[3] the camera centre in world space: -R^T t (the viewmat is rigid; no matrix inverse, which would
+        make the host wait for the GPU to check for a singular matrix)."""
+        return -self.viewmat[:3, :3].T @ self.viewmat[:3, 3]
 
 
 @dataclass
