@@ -66,9 +66,11 @@ def viewmat_from_camera_to_world(c2w: Tensor) -> Tensor:
 
 
 def intrinsics_matrix(camera: Cameras, downscale: int = 1) -> Tensor:
-    """[3, 3] pinhole intrinsics of the first camera at 1/downscale resolution, built where the camera's tensors
-    are (nerfstudio's get_intrinsics_matrices builds them in host memory: a copy from the GPU per entry)."""
+    """[3, 3] float32 pinhole intrinsics of the first camera at 1/downscale resolution, built where the camera's
+    tensors are (nerfstudio's get_intrinsics_matrices builds them in host memory: a copy from the GPU per entry).
+    Blender scenes hold fx and fy as float64: the values are rounded to float32 as nerfstudio does."""
     fx, fy, cx, cy = (getattr(camera, name).reshape(-1)[0] / downscale for name in ("fx", "fy", "cx", "cy"))
+    fx, fy, cx, cy = (value.to(torch.float32) for value in (fx, fy, cx, cy))
     zero, one = torch.zeros_like(fx), torch.ones_like(fx)
     return torch.stack([fx, zero, cx, zero, fy, cy, zero, zero, one]).view(3, 3)
 

@@ -52,6 +52,10 @@ def test_loss_metrics_and_intrinsics_match_splatfacto(tmp_path, num_downscales):
     scaled = copy.deepcopy(camera)
     scaled.rescale_output_resolution(1 / downscale)
     assert torch.equal(intrinsics_matrix(camera, downscale), scaled.get_intrinsics_matrices()[0])
+    blender = copy.deepcopy(camera)  # blender scenes hold fx, fy as float64; intrinsics stay float32 as nerfstudio's
+    blender.fx, blender.fy = blender.fx.double(), blender.fy.double()
+    scaled.fx, scaled.fy = scaled.fx.double(), scaled.fy.double()
+    assert torch.equal(intrinsics_matrix(blender, downscale), scaled.get_intrinsics_matrices()[0])
     outputs = model(camera)
     ours = model.get_loss_dict(outputs, dict(batch), model.get_metrics_dict(outputs, dict(batch)))
     theirs = SplatfactoModel.get_loss_dict(model, outputs, dict(batch))
