@@ -46,6 +46,10 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Start from a splat PLY exported by ns-export gaussian-splat (same scene and dataparser) instead of points."""
     views_per_step: int = 1
     """Training views per optimizer step (the number of GPUs). Set by the trainer, not on the command line."""
+    fused_loss: bool = True
+    """With --pipeline.model.renderer fused: form the loss's per-pixel gradient inside the fused kernel
+    (render/fused_backend.py fused_loss_step) instead of autograd through the rendered image. Training falls
+    back to autograd with masks, the bilateral grid or depth output during training."""
 
 
 class SplatOutOfMemoryError(RuntimeError):
@@ -201,7 +205,9 @@ class ByteSplatModel(SplatfactoModel):
             colors=colors,
         )
 
-    def get_outputs(self, camera: Cameras) -> dict[str, Tensor | list]:
+    def get_outputs(self, camera: Cameras, batch: dict | None = None) -> dict[str, Tensor | list]:
+        """Render `camera`. With the training `batch` and the fused loss path on (`uses_fused_loss`), the loss is
+        formed while rendering and returned as outputs["fused_loss"]."""
         if not isinstance(camera, Cameras):
             raise TypeError(f"ByteSplatModel renders Cameras, got {type(camera).__name__}.")
         if self.training:
@@ -240,7 +246,10 @@ class ByteSplatModel(SplatfactoModel):
             absgrad=self.strategy.absgrad,
             backend=self.config.renderer,
         )
-        out = rasterize(self.splats(crop_ids), RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height), opts)
+        raster_camera = RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height)
+        if batch is not None and self.uses_fused_loss(batch):
+            return self._fused_loss_outputs(raster_camera, opts, batch)
+        out = rasterize(self.splats(crop_ids), raster_camera, opts)
         self.info = out.strategy_info()
         self.pruned = out.pruned  # fused renderer: tile entries dropped by on-chip pruning (device tensor)
         if self.training:
@@ -257,6 +266,39 @@ class ByteSplatModel(SplatfactoModel):
         if not self.training:
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
+
+    def uses_fused_loss(self, batch: dict) -> bool:
+        """Whether this training batch takes the fused loss path (config.fused_loss, renderer fused)."""
+        cfg = self.config
+        return (
+            self.training
+            and cfg.fused_loss
+            and cfg.renderer == "fused"
+            and "mask" not in batch
+            and not cfg.use_bilateral_grid
+            and not cfg.output_depth_during_training
+        )
+
+    def _fused_loss_outputs(self, camera: RasterCamera, opts: RasterizeOptions, batch: dict) -> dict[str, Tensor]:
+        """Render, form splatfacto's loss and the rasterizer's gradients in the fused kernel (fused_backend.py)."""
+        from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step  # imports the CUDA ops
+
+        gt = self._target({"background": opts.background}, batch)
+        lam = self.config.ssim_lambda
+        loss = FusedLoss(l1=1.0 - lam, ssim=lam, ssim_fn=self._ssim_on(gt.device))
+        fused = fused_loss_step(self.splats(), camera, opts, gt, loss, want_image=True)  # the image for the metrics
+        self.info = fused.strategy_info()
+        self.pruned = fused.pruned
+        self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+        return {"rgb": fused.rgb, "depth": None, "accumulation": fused.alpha, "background": opts.background,
+                "fused_loss": fused.loss}  # fmt: skip
+
+    def _ssim_on(self, device: torch.device) -> SSIM:
+        """Splatfacto's SSIM module, its window moved to `device` once (pytorch_msssim keeps it as a plain CPU
+        attribute, which module.to() does not move: a host copy per call)."""
+        if self.ssim.win.device != device:
+            self.ssim.win = self.ssim.win.to(device)
+        return self.ssim
 
     # Splatfacto's training metrics and loss, computed without host syncs: splatfacto's versions copy small
     # tensors from host memory every step (torchmetrics' PSNR, the SSIM window, a zero scale_reg), and each such
@@ -287,17 +329,18 @@ class ByteSplatModel(SplatfactoModel):
         if "mask" in batch:  # masked pixels black in both images, as splatfacto
             mask = self._downscale_if_required(batch["mask"]).to(self.device)
             gt, pred = gt * mask, pred * mask
-        if self.ssim.win.device != gt.device:  # pytorch_msssim keeps its window as a plain CPU attribute
-            self.ssim.win = self.ssim.win.to(gt.device)
-        l1 = torch.abs(gt - pred).mean()
-        simloss = 1 - self.ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+        if "fused_loss" in outputs:  # formed in the fused kernel (uses_fused_loss)
+            main_loss = outputs["fused_loss"]
+        else:
+            l1 = torch.abs(gt - pred).mean()
+            simloss = 1 - self._ssim_on(gt.device)(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+            main_loss = (1 - self.config.ssim_lambda) * l1 + self.config.ssim_lambda * simloss
         scale_reg = torch.zeros((), device=self.device)
         if self.config.use_scale_regularization and self.step % 10 == 0:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
             scale_reg = 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()
-        lam = self.config.ssim_lambda
-        loss_dict = {"main_loss": (1 - lam) * l1 + lam * simloss, "scale_reg": scale_reg}
+        loss_dict = {"main_loss": main_loss, "scale_reg": scale_reg}
         if self.training:
             self.camera_optimizer.get_loss_dict(loss_dict)
             if self.config.use_bilateral_grid:

@@ -71,6 +71,13 @@ class ByteSplatPipeline(VanillaPipeline):
         half = config.half_precision_exchange
         self.exchange = DenseExchange() if config.exchange == "dense" else SparseRowExchange(half=half)
 
+    def get_train_loss_dict(self, step: int):
+        """nerfstudio's, with the batch handed to the model's render (the fused loss path forms the loss there)."""
+        camera, batch = self.datamanager.next_train(step)
+        outputs = self.model.get_outputs(camera, batch=batch)
+        metrics = self.model.get_metrics_dict(outputs, batch)
+        return outputs, self.model.get_loss_dict(outputs, batch, metrics), metrics
+
     def broadcast_from_rank0(self) -> None:
         """Make every rank's model rank 0's: the splat count is checked, then every tensor is broadcast."""
         model = self.model
