@@ -43,6 +43,7 @@ def test_fused_loss_step_trains_as_autograd_does(tmp_path):
     config = cpu_config(small_scene(tmp_path), tmp_path / "out", 1, "fused")
     config.machine.device_type = "cuda"
     config.pipeline.model.renderer = "fused"
+    config.pipeline.model.background_color = "white"  # a random one would differ between the two renders
     trainer = config.setup(local_rank=0, world_size=1)
     trainer.setup()
     pipeline, model = trainer.pipeline, trainer.pipeline.model
