@@ -125,7 +125,7 @@ def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
                 args.out,
                 f"alone-on-gpu{g}",
                 profile_steps=args.profile,
-                extra=args.probe_args,
+                extra=args.train_args,
                 env={"CUDA_VISIBLE_DEVICES": str(g)},
             )  # fmt: skip
             for g in (0, 1)
@@ -133,7 +133,7 @@ def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
         return [{"probe": f"1x2 gpu{g}", **finish_lego(job, evaluate=False)} for g, job in enumerate(jobs)]
     gpus, _, exchange = probe.partition(":")
     run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
-                     profile_steps=args.profile, extra=args.probe_args)  # fmt: skip
+                     profile_steps=args.profile, extra=args.train_args)  # fmt: skip
     return [{"probe": probe, **run}]
 
 
@@ -189,6 +189,8 @@ def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> No
     params = room_splats(n, seed=0, device=device)
     names = list(params)
     exchanges = {"fp32": SparseRowExchange(), "fp16": SparseRowExchange(half=True)}  # capacity from earlier views
+    if not smoke:  # the same exchange with the pack/unpack kernels (cuda/csrc/sparse_rows.cu)
+        exchanges["fp32_kernels"] = SparseRowExchange(kernels=True)
     rows = []
     for view in range(ROOM_VIEWS + 2):  # the first two warm up
         camera = room_camera(1000 * view + rank, device, *size)
@@ -238,7 +240,8 @@ def measure_room(out: Path, smoke: bool = False) -> dict:
     dense = rows[0]["dense_bytes"]
     n = dense // (59 * 4)
     summary = {"splats": n, "image": "1920x1080", "views_per_gpu": len(rows), "dense_bytes": dense}
-    for label in ("fp32", "fp16"):
+    labels = [k[len("compact_") : -len("_bytes")] for k in rows[0] if k.startswith("compact_") and k.endswith("_bytes")]
+    for label in labels:
         sent = sum(r[f"compact_{label}_bytes"] for r in rows) / len(rows)
         summary[f"compact_{label}_bytes"] = sent
         summary[f"reduction_{label}"] = 1 - sent / dense
@@ -267,8 +270,8 @@ def main() -> None:
         metavar="GPUS[:EXCHANGE]",
         help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 1x2 (writes OUT/probes.json)",
     )
-    parser.add_argument("--probe-args", type=shlex.split, default=[],
-                        help='more ns-train arguments for every probe run, one string: "--pin-cpus False"')  # fmt: skip
+    parser.add_argument("--train-args", type=shlex.split, default=[],
+                        help='more ns-train arguments for every lego run, one string: "--pin-cpus False"')  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="with --probe: profile this many steps from the middle of each run")  # fmt: skip
     parser.add_argument(
@@ -301,7 +304,8 @@ def main() -> None:
     if not args.skip_lego:
         runs = earlier["lego_runs"] if earlier else []
         for seed in args.seeds:
-            runs += [train_lego(args.data, args.views, gpus, args.out, seed=seed) for gpus in (2, 1)]
+            runs += [train_lego(args.data, args.views, gpus, args.out, extra=args.train_args, seed=seed)
+                     for gpus in (2, 1)]  # fmt: skip
             record.update(lego_summary(runs), lego_runs=runs)
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(record, indent=2) + "\n")  # what is done so far, should a later run fail
@@ -313,7 +317,8 @@ def main() -> None:
           f"compacted fp32 {room['compact_fp32_bytes'] / 2**20:.1f} MiB ({100 * room['reduction_fp32']:.1f}% less), "
           f"fp16 {room['compact_fp16_bytes'] / 2**20:.1f} MiB ({100 * room['reduction_fp16']:.1f}% less) vs dense "
           f"{room['dense_bytes'] / 2**20:.1f} MiB; time {room['compact_fp32_ms_median']:.2f} / "
-          f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms")  # fmt: skip
+          f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms; with the pack/unpack kernels "
+          f"{room.get('compact_fp32_kernels_ms_median', float('nan')):.2f} ms")  # fmt: skip
     if not args.skip_lego:
         print(f"{'lego':<6} {'seed':>5} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
         for run in sorted(record["lego_runs"], key=lambda r: (r["gpus"], r["seed"])):

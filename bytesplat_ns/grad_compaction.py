@@ -3,7 +3,8 @@
 Each rank's splat gradients are non-zero only for the splats its camera saw. Instead of a dense all-reduce
 of the [N, ...] gradients, each step (`SparseRowExchange.average`):
 1. encode: the rows of the [N, D] gradient (every splat parameter side by side) with a non-zero entry, the
-   first `capacity` of them in row order (torch.nonzero_static: no host sync), go into one buffer of
+   first `capacity` of them (torch.nonzero_static, in row order; or one CUDA kernel, `kernels`, in no
+   particular order; neither makes the host wait) go into one buffer of
    capacity + 1 rows behind a header row (this rank's non-zero row count and its note); each row is its
    index (int32, bit-cast into the value type's slots) then its D values (fp32, or fp16 as an option);
 2. one all_gather_into_tensor of those equal-sized buffers;
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from bytesplat_ns.cuda import ops
 
 CAPACITY_GRANULE = 1024
 """Capacities are multiples of this many rows (fewer distinct buffer sizes for the allocator)."""
@@ -85,6 +88,9 @@ class SparseRowExchange:
     headroom: float = 1.25
     """Capacity = this times the largest visible fraction seen in the last `window` exchanges."""
     window: int = 100
+    kernels: bool = False
+    """Pack and unpack CUDA gradients with bytesplat's kernels (cuda/csrc/sparse_rows.cu: one launch each) instead
+    of torch operations (about twenty launches and several passes over [N, D])."""
     group: object = None
     capacity: int = 0
     """Rows per rank in the last exchange."""
@@ -98,30 +104,25 @@ class SparseRowExchange:
         world = dist.get_world_size(self.group)
         notes, overflowed = self._read_last_headers(world)
         num_rows = grads[0].shape[0]
-        widths = [g[0].numel() for g in grads]
-        flat = grads[0].new_empty(num_rows + 1, sum(widths))  # [N + 1, D]; row N stays zero (padding reads it)
-        torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
-        flat[num_rows].zero_()
-        if overflowed and self._residual is not None and self._residual.shape == flat.shape:
-            flat.add_(self._residual)
-        self._residual = None
         self.capacity = self._next_capacity(num_rows)
-        buffer = self._encode(flat, note)
+        kernels = self.kernels and grads[0].is_cuda
+        buffer = self._pack_kernel(grads, note, overflowed) if kernels else self._pack_torch(grads, note, overflowed)
         gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
         slots = self._slots(buffer.dtype)
         self._headers = LateRead(gathered[:, 0, : 2 * slots].contiguous().view(torch.int32))  # [W, 2]
         self._last_rows = num_rows
-        dense = flat.new_zeros(num_rows + 1, flat.shape[1])  # [N + 1, D]
-        for rank in range(world):
-            rows = gathered[rank, 1:, :slots].contiguous().view(torch.int32).view(-1)  # [capacity]
-            dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=1.0 / world)
-        for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
-            grad.copy_(part.reshape(grad.shape))
+        if kernels:
+            torch._foreach_zero_(grads)
+            for rank in range(world):  # in rank order: the same sums on every rank
+                ops.unpack_rows(grads, gathered[rank], self.capacity, 1.0 / world)
+        else:
+            self._unpack_torch(grads, gathered, world)
+        width = buffer.shape[1] - slots
         return ExchangeStats(
             sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
-            dense_bytes=2 * (world - 1) * num_rows * flat.shape[1] * 4 // world,
+            dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
             notes=notes,
             overflows=int(overflowed),
         )
@@ -131,10 +132,24 @@ class SparseRowExchange:
         """Value slots holding one int32."""
         return 4 // torch.empty((), dtype=dtype).element_size()
 
-    def _encode(self, flat: Tensor, note: int) -> Tensor:
-        """flat: [N + 1, D] (row N zero) -> [capacity + 1, slots + D]: header row, then (row index, values) rows;
-        rows past this rank's count point at row N. Keeps the rows that did not fit as the residual."""
-        num_rows, capacity = flat.shape[0] - 1, self.capacity
+    def _pack_kernel(self, grads: list[Tensor], note: int, overflowed: bool) -> Tensor:
+        """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
+        go to a new residual."""
+        num_rows, width = grads[0].shape[0], sum(g[0].numel() for g in grads)
+        pending = self._residual if overflowed and self._residual is not None else None
+        pending = pending if pending is not None and pending.shape == (num_rows, width) else None
+        self._residual = grads[0].new_empty(num_rows, width) if self.capacity < num_rows else None
+        return ops.pack_rows(grads, self.capacity, note, self.half, pending, self._residual)
+
+    def _pack_torch(self, grads: list[Tensor], note: int, overflowed: bool) -> Tensor:
+        """The same buffer from torch operations (any device): rows in row order, padding rows point at row N."""
+        num_rows, capacity = grads[0].shape[0], self.capacity
+        widths = [g[0].numel() for g in grads]
+        flat = grads[0].new_empty(num_rows + 1, sum(widths))  # [N + 1, D]; row N stays zero (padding reads it)
+        torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
+        flat[num_rows].zero_()
+        if overflowed and self._residual is not None and self._residual.shape == flat.shape:
+            flat.add_(self._residual)
         dtype = torch.float16 if self.half else flat.dtype
         slots = self._slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
@@ -144,9 +159,20 @@ class SparseRowExchange:
         buffer[0, slots : 2 * slots].view(torch.int32).fill_(note)
         buffer[1:, :slots] = rows.int().view(dtype).view(capacity, slots)
         buffer[1:, slots:] = flat.index_select(0, rows)
-        if capacity < num_rows:  # rows that did not fit (known a step later) wait in the residual
-            self._residual = flat.index_fill_(0, rows, 0)
+        # rows that did not fit (known a step later) wait in the residual
+        self._residual = flat.index_fill_(0, rows, 0) if capacity < num_rows else None
         return buffer
+
+    def _unpack_torch(self, grads: list[Tensor], gathered: Tensor, world: int) -> None:
+        """grads = the mean of every rank's rows, added in rank order into a zeroed dense [N + 1, D]."""
+        num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
+        slots = self._slots(gathered.dtype)
+        dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]
+        for rank in range(world):
+            rows = gathered[rank, 1:, :slots].contiguous().view(torch.int32).view(-1)  # [capacity]
+            dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=1.0 / world)
+        for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
+            grad.copy_(part.reshape(grad.shape))
 
     def _read_last_headers(self, world: int) -> tuple[list[int], bool]:
         """The previous exchange's notes, and whether it overflowed; its counts go into the capacity window."""

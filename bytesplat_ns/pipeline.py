@@ -32,6 +32,9 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     compaction) or dense (one all-reduce of everything, for comparison)."""
     half_precision_exchange: bool = False
     """Send the compacted gradient values as float16 (half the bytes; the sum is formed in float32)."""
+    exchange_kernels: bool = False
+    """Pack and unpack the compacted rows with bytesplat's CUDA kernels (built on first use, like the fused
+    renderer) instead of torch operations. Off until measured on the GPU (benchmarks/multi_gpu.py)."""
 
 
 class ByteSplatPipeline(VanillaPipeline):
@@ -68,8 +71,8 @@ class ByteSplatPipeline(VanillaPipeline):
         )
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
-        half = config.half_precision_exchange
-        self.exchange = DenseExchange() if config.exchange == "dense" else SparseRowExchange(half=half)
+        sparse = SparseRowExchange(half=config.half_precision_exchange, kernels=config.exchange_kernels)
+        self.exchange = DenseExchange() if config.exchange == "dense" else sparse
 
     def get_train_loss_dict(self, step: int):
         """nerfstudio's, with the batch handed to the model's render (the fused loss path forms the loss there)."""

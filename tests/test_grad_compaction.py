@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -100,3 +102,48 @@ def test_each_epoch_draws_a_new_order():
     shard = camera_shard(100, 2, 0, seed=42)
     assert epoch_order(shard, seed=42, epoch=0) != epoch_order(shard, seed=42, epoch=1)
     assert epoch_order(shard, seed=42, epoch=1) == epoch_order(shard, seed=42, epoch=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("capacity", [ROWS, 400])  # all rows fit; 400 < the ~833 touched rows: a residual
+def test_pack_unpack_kernels_match_torch(half, capacity):
+    """Two ranks' gradients packed by the kernel, then unpacked in rank order, give the mean of the rows sent;
+    the rows that did not fit are exactly the residual, and a pending residual is added in."""
+    from bytesplat_ns.cuda import ops
+
+    device = torch.device("cuda")
+    tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
+    ranks = [[make_grad("sparse", rank, 0, shape).to(device) for shape in SHAPES] for rank in range(2)]
+    pending = torch.zeros(ROWS, sum(math.prod(s) for s in SHAPES), device=device)
+    pending[7] = 1.0  # a row held back from an earlier step, touched by no gradient now
+    sent, buffers = [], []
+    for rank, grads in enumerate(ranks):
+        flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1) + (pending if rank == 0 else 0)
+        residual = torch.full_like(flat, float("nan")) if capacity < ROWS else None  # every row must be written
+        buffer = ops.pack_rows(grads, capacity, note=10 + rank, half=half, residual_in=pending if rank == 0 else None,
+                               residual_out=residual)  # fmt: skip
+        count, note = buffer[0, : 2 * (2 if half else 1)].contiguous().view(torch.int32).tolist()
+        touched = int(flat.ne(0).any(1).sum())
+        assert (count, note) == (touched, 10 + rank)
+        slots = 2 if half else 1
+        rows = buffer[1 : 1 + min(count, capacity), :slots].contiguous().view(torch.int32).view(-1).long()
+        assert len(set(rows.tolist())) == len(rows)  # each row once
+        values = buffer[1 : 1 + len(rows), slots:].float()
+        assert float((values - flat[rows]).norm() / flat[rows].norm()) <= tolerance
+        kept = torch.zeros_like(flat)
+        kept[rows] = flat[rows]
+        if residual is not None:  # sent + held back = everything, nothing twice
+            assert torch.isfinite(residual).all()
+            assert torch.equal((kept != 0).any(1) & (residual != 0).any(1), torch.zeros(ROWS, dtype=torch.bool,
+                                                                                      device=device))  # fmt: skip
+            assert float((kept + residual - flat).norm()) <= tolerance * float(flat.norm())
+        sent.append(kept)
+        buffers.append(buffer)
+    out = [torch.full_like(g, float("nan")) for g in ranks[0]]
+    torch._foreach_zero_(out)
+    for buffer in buffers:
+        ops.unpack_rows(out, buffer, capacity, 0.5)
+    want = (sent[0] + sent[1]) / 2
+    got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)
+    assert float((got - want).norm() / want.norm()) <= tolerance

@@ -216,3 +216,25 @@ class _FusedLoss(torch.autograd.Function):
         grads = [(g * v_loss).reshape(shape) for g, shape in zip((v_conics, v_colors, v_opacities), ctx.shapes)]
         v_means2d = (v_means2d * v_loss).reshape(means2d.shape)
         return v_means2d, *grads, None, None, None, None, None, None, None, None, None, None
+
+
+def pack_rows(
+    grads: list[Tensor],  # each [N, ...] float32, contiguous
+    capacity: int,
+    note: int,
+    half: bool,
+    residual_in: Tensor | None = None,  # [N, D] added to the rows
+    residual_out: Tensor | None = None,  # [N, D] written: rows past the capacity, zeros elsewhere
+) -> Tensor:
+    """The compacted exchange's buffer [capacity + 1, slots + D] (csrc/sparse_rows.h): header row (row count,
+    note), then the rows with a non-zero value, in no particular order, each its int32 index then its values."""
+    return ext().pack_rows(grads, residual_in, residual_out, capacity, note, half)
+
+
+def unpack_rows(
+    grads: list[Tensor],  # each [N, ...] float32, contiguous; += scale * the buffer's rows
+    buffer: Tensor,  # one rank's [capacity + 1, slots + D] from pack_rows
+    capacity: int,
+    scale: float,
+) -> None:
+    ext().unpack_rows(grads, buffer, capacity, scale)

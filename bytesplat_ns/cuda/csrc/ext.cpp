@@ -3,13 +3,16 @@
 #include "prune_tiles.h"
 #include "rasterize_forward.h"
 #include "rasterize_fused.h"
+#include "sparse_rows.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "bytesplat fused rasterizer kernels";
+  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows";
   m.def("tile_ranges", &bytesplat::tile_ranges, "Tile list ends, with on-chip pruning of overflowing tiles");
   m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 tile");
   m.def("rasterize_backward", &bytesplat::rasterize_backward,
         "Fused forward + backward from dL/d render and dL/d alpha");
   m.def("rasterize_loss", &bytesplat::rasterize_loss, "Fused forward + in-kernel L1/L2 loss + backward");
   m.def("fused_capacity", &bytesplat::fused_capacity, "Splats per tile held on-chip by the fused kernel");
+  m.def("pack_rows", &bytesplat::pack_rows, "The exchange's non-zero gradient rows into one buffer");
+  m.def("unpack_rows", &bytesplat::unpack_rows, "One rank's exchanged rows, scaled, added into the gradients");
 }

@@ -1,0 +1,68 @@
+// Host side of the exchange's row packing: checks, allocation, launches on the current stream.
+#include "sparse_rows.h"
+
+namespace bytesplat {
+namespace {
+
+// Checks the gradients (float32, contiguous, one device, one N) and points at them as [N, width] parts.
+RowParts row_parts(const std::vector<at::Tensor>& grads) {
+  TORCH_CHECK(!grads.empty() && grads.size() <= static_cast<size_t>(kMaxParts), "between 1 and ", kMaxParts,
+              " gradients, got ", grads.size());
+  RowParts parts{};
+  parts.rows = grads[0].size(0);
+  parts.parts = static_cast<int>(grads.size());
+  for (size_t q = 0; q < grads.size(); ++q) {
+    const at::Tensor& g = grads[q];
+    BYTESPLAT_CHECK_INPUT(g, at::kFloat);
+    TORCH_CHECK(g.dim() >= 1 && g.size(0) == parts.rows, "every gradient must have ", parts.rows, " rows");
+    TORCH_CHECK(g.device() == grads[0].device(), "every gradient must be on ", grads[0].device());
+    parts.ptr[q] = g.data_ptr<float>();
+    parts.width[q] = static_cast<int>(parts.rows > 0 ? g.numel() / parts.rows : 0);
+    parts.values += parts.width[q];
+  }
+  return parts;
+}
+
+int64_t row_slots(bool half) { return half ? 2 : 1; }
+
+}  // namespace
+
+at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual_in,
+                     const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half) {
+  const RowParts parts = row_parts(grads);
+  const c10::cuda::CUDAGuard guard(grads[0].device());
+  TORCH_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "capacity must be a positive int32");
+  TORCH_CHECK(capacity >= parts.rows || residual_out.has_value(),
+              "a capacity below the row count needs residual_out for the rows that do not fit");
+  for (const auto* residual : {&residual_in, &residual_out}) {
+    if (residual->has_value()) {
+      BYTESPLAT_CHECK_INPUT(residual->value(), at::kFloat);
+      check_shape(residual->value(), {parts.rows, parts.values}, "residual");
+    }
+  }
+  const auto dtype = half ? at::kHalf : at::kFloat;
+  at::Tensor buffer = at::empty({capacity + 1, row_slots(half) + parts.values}, grads[0].options().dtype(dtype));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(buffer.data_ptr(), 0, 2 * sizeof(int32_t), stream));
+  const PackParams p{parts,
+                     residual_in.has_value() ? residual_in->data_ptr<float>() : nullptr,
+                     residual_out.has_value() ? residual_out->data_ptr<float>() : nullptr,
+                     buffer.data_ptr(),
+                     half,
+                     static_cast<int>(capacity),
+                     static_cast<int>(note)};
+  BYTESPLAT_CHECK_CUDA_STATUS(launch_pack_rows(p, stream));
+  return buffer;
+}
+
+void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& buffer, int64_t capacity, double scale) {
+  const RowParts parts = row_parts(grads);
+  const c10::cuda::CUDAGuard guard(grads[0].device());
+  const bool half = buffer.scalar_type() == at::kHalf;
+  BYTESPLAT_CHECK_INPUT(buffer, half ? at::kHalf : at::kFloat);
+  check_shape(buffer, {capacity + 1, row_slots(half) + parts.values}, "buffer");
+  const UnpackParams p{parts, buffer.data_ptr(), half, static_cast<int>(capacity), static_cast<float>(scale)};
+  BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, c10::cuda::getCurrentCUDAStream().stream()));
+}
+
+}  // namespace bytesplat

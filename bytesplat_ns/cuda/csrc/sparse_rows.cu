@@ -1,0 +1,148 @@
+// Pack and unpack kernels of the compacted gradient exchange: one warp per gradient row, lanes over its values,
+// a grid-stride loop over the rows.
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "sparse_rows.h"
+
+namespace bytesplat {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 16384;
+constexpr unsigned kAllLanes = 0xffffffffu;
+
+// Value `col` of row `row` across the parts laid side by side.
+__device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int col) {
+  for (int q = 0; q < g.parts; ++q) {
+    if (col < g.width[q]) return g.ptr[q] + row * g.width[q] + col;
+    col -= g.width[q];
+  }
+  return nullptr;  // col >= D: never asked for
+}
+
+template <bool kHalf>
+struct RowBuffer {
+  using Value = typename std::conditional<kHalf, __half, float>::type;
+  static constexpr int kSlots = kHalf ? 2 : 1;
+
+  __device__ static Value* row(void* buffer, int64_t r, int values) {
+    return static_cast<Value*>(buffer) + r * (kSlots + values);
+  }
+  __device__ static const Value* row(const void* buffer, int64_t r, int values) {
+    return static_cast<const Value*>(buffer) + r * (kSlots + values);
+  }
+  // The int32 row index in the first slots (float16 rows may sit on 2-byte boundaries: two 16-bit halves).
+  __device__ static void put_index(Value* at, int32_t index) {
+    if constexpr (kHalf) {
+      auto* halves = reinterpret_cast<uint16_t*>(at);
+      halves[0] = static_cast<uint16_t>(static_cast<uint32_t>(index) & 0xffffu);
+      halves[1] = static_cast<uint16_t>(static_cast<uint32_t>(index) >> 16);
+    } else {
+      *reinterpret_cast<int32_t*>(at) = index;
+    }
+  }
+  __device__ static int32_t get_index(const Value* at) {
+    if constexpr (kHalf) {
+      const auto* halves = reinterpret_cast<const uint16_t*>(at);
+      return static_cast<int32_t>(static_cast<uint32_t>(halves[0]) | (static_cast<uint32_t>(halves[1]) << 16));
+    } else {
+      return *reinterpret_cast<const int32_t*>(at);
+    }
+  }
+  __device__ static Value encode(float v) {
+    if constexpr (kHalf) {
+      return __float2half_rn(v);
+    } else {
+      return v;
+    }
+  }
+  __device__ static float decode(Value v) {
+    if constexpr (kHalf) {
+      return __half2float(v);
+    } else {
+      return v;
+    }
+  }
+};
+
+template <bool kHalf>
+__global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
+  using Buf = RowBuffer<kHalf>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int d = p.grads.values;
+  int* header = static_cast<int*>(p.buffer);  // [0] the row count (atomic), [1] the note
+  if (blockIdx.x == 0 && threadIdx.x == 0) header[1] = p.note;
+  for (int64_t row = first; row < p.grads.rows; row += stride) {
+    bool touched = false;
+    for (int col = lane; col < d; col += 32) {
+      float v = *value_ptr(p.grads, row, col);
+      if (p.residual_in != nullptr) v += p.residual_in[row * d + col];
+      touched |= v != 0.f;
+    }
+    touched = __any_sync(kAllLanes, touched);
+    int slot = 0;
+    if (touched && lane == 0) slot = atomicAdd(header, 1);
+    slot = __shfl_sync(kAllLanes, slot, 0);
+    const bool sent = touched && slot < p.capacity;
+    typename Buf::Value* out = sent ? Buf::row(p.buffer, 1 + static_cast<int64_t>(slot), d) : nullptr;
+    if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row));
+    for (int col = lane; col < d; col += 32) {
+      float v = *value_ptr(p.grads, row, col);
+      if (p.residual_in != nullptr) v += p.residual_in[row * d + col];
+      if (sent) out[Buf::kSlots + col] = Buf::encode(v);
+      if (p.residual_out != nullptr) p.residual_out[row * d + col] = touched && !sent ? v : 0.f;
+    }
+  }
+}
+
+template <bool kHalf>
+__global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) {
+  using Buf = RowBuffer<kHalf>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int d = p.grads.values;
+  const int count = min(static_cast<const int*>(p.buffer)[0], p.capacity);
+  for (int64_t i = first; i < count; i += stride) {
+    const typename Buf::Value* in = Buf::row(p.buffer, 1 + i, d);
+    const int64_t row = Buf::get_index(in);
+    if (row < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
+    for (int col = lane; col < d; col += 32) {
+      *value_ptr(p.grads, row, col) += p.scale * Buf::decode(in[Buf::kSlots + col]);
+    }
+  }
+}
+
+unsigned blocks_for(int64_t rows) {
+  const int64_t warps_per_block = kThreads / 32;
+  const int64_t blocks = (rows + warps_per_block - 1) / warps_per_block;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+}  // namespace
+
+cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream) {
+  const unsigned blocks = blocks_for(p.grads.rows);
+  if (p.half) {
+    pack_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    pack_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream) {
+  const unsigned blocks = blocks_for(p.capacity);
+  if (p.half) {
+    unpack_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    unpack_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace bytesplat
