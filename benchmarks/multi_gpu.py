@@ -21,8 +21,10 @@ import os
 import shlex
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean, median, stdev
+from typing import IO
 
 import torch
 import torch.distributed as dist
@@ -39,9 +41,22 @@ ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
 
 
+@dataclass
+class LegoJob:
+    """A lego training run started in the background."""
+
+    process: subprocess.Popen
+    run_dir: Path
+    started: float
+    log: IO[str]
+    gpus: int
+    exchange: str
+    views: int
+
+
 def start_lego(data: Path, views: int, gpus: int, out: Path, name: str, exchange: str = "compact",
-               profile_steps: int = 0, extra: list[str] = (), env: dict | None = None) -> tuple:  # fmt: skip
-    """Start `ns-train bytesplat` on lego in the background: (process, run folder, start time, log)."""
+               profile_steps: int = 0, extra: list[str] = (), env: dict | None = None) -> LegoJob:  # fmt: skip
+    """Start `ns-train bytesplat` on lego in the background."""
     cmd = [
         "ns-train", "bytesplat", "--data", str(data), "--max-num-iterations", str(views),
         "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", "lego",
@@ -53,24 +68,24 @@ def start_lego(data: Path, views: int, gpus: int, out: Path, name: str, exchange
     print("$ " + " ".join(cmd), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / f"lego-{name}.log", "w")  # noqa: SIM115 (closed in finish_lego)
-    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    return job, out / "lego" / "bytesplat" / name, time.perf_counter(), log, gpus, exchange, views
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return LegoJob(process, out / "lego" / "bytesplat" / name, time.perf_counter(), log, gpus, exchange, views)
 
 
-def finish_lego(started: tuple, evaluate: bool = True) -> dict:
+def finish_lego(job: LegoJob, evaluate: bool = True) -> dict:
     """Wait for a run from start_lego; its stats (and with `evaluate`, ns-eval's test PSNR/SSIM)."""
-    job, run_dir, began, log, gpus, exchange, views = started
-    if job.wait() != 0:
-        raise RuntimeError(f"ns-train failed (exit {job.returncode}); see {log.name}")
-    wall = time.perf_counter() - began
-    log.close()
+    if job.process.wait() != 0:
+        raise RuntimeError(f"ns-train failed (exit {job.process.returncode}); see {job.log.name}")
+    wall = time.perf_counter() - job.started
+    job.log.close()
+    run_dir = job.run_dir
     stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
     others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
     profiles = [json.loads(p.read_text()) for p in sorted(run_dir.glob("step_profile*.json"))]
     record = {
-        "gpus": gpus,
-        "exchange": exchange,
-        "views": views,
+        "gpus": job.gpus,
+        "exchange": job.exchange,
+        "views": job.views,
         "wall_s": wall,
         **stats,
         "phase_ms_other_ranks": others,

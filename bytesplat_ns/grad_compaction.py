@@ -99,14 +99,19 @@ class SparseRowExchange:
     _last_rows: int = 0
     _residual: Tensor | None = None
 
-    def average(self, grads: list[Tensor], note: int = 0) -> ExchangeStats:
-        """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks."""
+    def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
+        """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks; `dense` gradients
+        (camera optimizer, bilateral grid) take one plain all-reduce."""
+        all_reduce_mean(list(dense), group=self.group)
         world = dist.get_world_size(self.group)
         notes, overflowed = self._read_last_headers(world)
-        num_rows = grads[0].shape[0]
+        num_rows, width = grads[0].shape[0], sum(g[0].numel() for g in grads)
         self.capacity = self._next_capacity(num_rows)
+        pending = self._residual if overflowed else None  # the rows the last exchange could not send
+        if pending is not None and pending.shape != (num_rows, width):
+            pending = None  # densification renumbered the splats: its rows no longer mean anything
         kernels = self.kernels and grads[0].is_cuda
-        buffer = self._pack_kernel(grads, note, overflowed) if kernels else self._pack_torch(grads, note, overflowed)
+        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads, note, pending)
         gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
@@ -119,7 +124,6 @@ class SparseRowExchange:
                 ops.unpack_rows(grads, gathered[rank], self.capacity, 1.0 / world)
         else:
             self._unpack_torch(grads, gathered, world)
-        width = buffer.shape[1] - slots
         return ExchangeStats(
             sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
             dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
@@ -130,26 +134,25 @@ class SparseRowExchange:
     @staticmethod
     def _slots(dtype: torch.dtype) -> int:
         """Value slots holding one int32."""
-        return 4 // torch.empty((), dtype=dtype).element_size()
+        return 4 // dtype.itemsize
 
-    def _pack_kernel(self, grads: list[Tensor], note: int, overflowed: bool) -> Tensor:
+    def _pack_kernel(self, grads: list[Tensor], note: int, pending: Tensor | None) -> Tensor:
         """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
-        go to a new residual."""
+        go to a new residual [N, D]."""
         num_rows, width = grads[0].shape[0], sum(g[0].numel() for g in grads)
-        pending = self._residual if overflowed and self._residual is not None else None
-        pending = pending if pending is not None and pending.shape == (num_rows, width) else None
         self._residual = grads[0].new_empty(num_rows, width) if self.capacity < num_rows else None
         return ops.pack_rows(grads, self.capacity, note, self.half, pending, self._residual)
 
-    def _pack_torch(self, grads: list[Tensor], note: int, overflowed: bool) -> Tensor:
-        """The same buffer from torch operations (any device): rows in row order, padding rows point at row N."""
+    def _pack_torch(self, grads: list[Tensor], note: int, pending: Tensor | None) -> Tensor:
+        """The same buffer from torch operations (any device): rows in row order, padding rows point at row N;
+        rows that did not fit go to a new residual [N, D]."""
         num_rows, capacity = grads[0].shape[0], self.capacity
         widths = [g[0].numel() for g in grads]
         flat = grads[0].new_empty(num_rows + 1, sum(widths))  # [N + 1, D]; row N stays zero (padding reads it)
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
         flat[num_rows].zero_()
-        if overflowed and self._residual is not None and self._residual.shape == flat.shape:
-            flat.add_(self._residual)
+        if pending is not None:
+            flat[:num_rows].add_(pending)
         dtype = torch.float16 if self.half else flat.dtype
         slots = self._slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
@@ -160,7 +163,7 @@ class SparseRowExchange:
         buffer[1:, :slots] = rows.int().view(dtype).view(capacity, slots)
         buffer[1:, slots:] = flat.index_select(0, rows)
         # rows that did not fit (known a step later) wait in the residual
-        self._residual = flat.index_fill_(0, rows, 0) if capacity < num_rows else None
+        self._residual = flat.index_fill_(0, rows, 0)[:num_rows] if capacity < num_rows else None
         return buffer
 
     def _unpack_torch(self, grads: list[Tensor], gathered: Tensor, world: int) -> None:
@@ -199,12 +202,13 @@ class DenseExchange:
     group: object = None
     _notes: LateRead | None = None
 
-    def average(self, grads: list[Tensor], note: int = 0) -> ExchangeStats:
+    def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
+        """Replace each of `grads` and `dense` in place by its mean over the ranks, in one all-reduce."""
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         notes = [round(n * world) for n in self._notes.tolist()] if self._notes is not None else [0] * world
         slots = grads[0].new_zeros(world)
         slots[rank] = note
-        flat = all_reduce_mean([*grads, slots], group=self.group)
+        flat = all_reduce_mean([*grads, *dense, slots], group=self.group)
         self._notes = LateRead(flat[-world:])  # the means: note / world each
         dense_bytes = 2 * (world - 1) * (flat.numel() - world) * 4 // world
         return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)

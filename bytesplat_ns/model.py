@@ -27,6 +27,7 @@ from torch import Tensor
 from bytesplat_ns import nerfstudio_patches
 from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
+from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step
 from bytesplat_ns.splat_ply import read_splats
 from bytesplat_ns.strategy import ByteSplatStrategy
 
@@ -67,6 +68,11 @@ def viewmat_from_camera_to_world(c2w: Tensor) -> Tensor:
     viewmat[:3, :3] = rot.T
     viewmat[:3, 3] = -rot.T @ c2w[:, 3]
     return viewmat
+
+
+def psnr(pred: Tensor, gt: Tensor) -> Tensor:
+    """PSNR for images in [0, 1], as torchmetrics' PeakSignalNoiseRatio(data_range=1.0) over one image pair."""
+    return -10.0 * torch.log10(torch.mean((pred - gt) ** 2))
 
 
 def intrinsics_matrix(camera: Cameras, downscale: int = 1) -> Tensor:
@@ -281,9 +287,7 @@ class ByteSplatModel(SplatfactoModel):
 
     def _fused_loss_outputs(self, camera: RasterCamera, opts: RasterizeOptions, batch: dict) -> dict[str, Tensor]:
         """Render, form splatfacto's loss and the rasterizer's gradients in the fused kernel (fused_backend.py)."""
-        from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step  # imports the CUDA ops
-
-        gt = self._target({"background": opts.background}, batch)
+        gt = self._target(batch, opts.background)
         lam = self.config.ssim_lambda
         loss = FusedLoss(l1=1.0 - lam, ssim=lam, ssim_fn=self._ssim_on(gt.device))
         fused = fused_loss_step(self.splats(), camera, opts, gt, loss, want_image=True)  # the image for the metrics
@@ -303,20 +307,20 @@ class ByteSplatModel(SplatfactoModel):
     # Splatfacto's training metrics and loss, computed without host syncs: splatfacto's versions copy small
     # tensors from host memory every step (torchmetrics' PSNR, the SSIM window, a zero scale_reg), and each such
     # copy waits for the GPU.
-    def _target(self, outputs, batch) -> Tensor:
+    def _target(self, batch: dict, background: Tensor) -> Tensor:
         """The ground truth at the current resolution, composited over the background [H, W, 3] (once per batch)."""
         if "bytesplat_target" not in batch:
             image = self.get_gt_img(batch["image"])
-            batch["bytesplat_target"] = self.composite_with_background(image, outputs["background"])
+            batch["bytesplat_target"] = self.composite_with_background(image, background)
         return batch["bytesplat_target"]
 
     def get_metrics_dict(self, outputs, batch) -> dict[str, Tensor]:
         """Splatfacto's training metrics, plus the splats pruned on-chip this step (fused renderer), which the
         trainer logs every --logging.steps-per-log steps (the only time it is read back from the GPU)."""
-        gt, pred = self._target(outputs, batch), outputs["rgb"]
-        metrics = {"psnr": -10.0 * torch.log10(torch.mean((pred - gt) ** 2)), "gaussian_count": self.num_points}
+        gt, pred = self._target(batch, outputs["background"]), outputs["rgb"]
+        metrics = {"psnr": psnr(pred, gt), "gaussian_count": self.num_points}
         if self.config.color_corrected_metrics:
-            metrics["cc_psnr"] = -10.0 * torch.log10(torch.mean((color_correct(pred, gt) - gt) ** 2))
+            metrics["cc_psnr"] = psnr(color_correct(pred, gt), gt)
         self.camera_optimizer.get_metrics_dict(metrics)
         if self.training and self.pruned is not None:
             metrics["pruned_tile_entries"] = self.pruned.sum()
@@ -325,7 +329,7 @@ class ByteSplatModel(SplatfactoModel):
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> dict[str, Tensor]:
         """Splatfacto's loss: (1 - ssim_lambda) L1 + ssim_lambda (1 - SSIM), masks, scale regularisation, camera
         optimizer and bilateral-grid terms."""
-        gt, pred = self._target(outputs, batch), outputs["rgb"]
+        gt, pred = self._target(batch, outputs["background"]), outputs["rgb"]
         if "mask" in batch:  # masked pixels black in both images, as splatfacto
             mask = self._downscale_if_required(batch["mask"]).to(self.device)
             gt, pred = gt * mask, pred * mask

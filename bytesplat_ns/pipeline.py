@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from nerfstudio.pipelines.base_pipeline import Pipeline, VanillaPipeline, VanillaPipelineConfig
 
-from bytesplat_ns.grad_compaction import DenseExchange, ExchangeStats, SparseRowExchange, all_reduce_mean
+from bytesplat_ns.grad_compaction import DenseExchange, ExchangeStats, SparseRowExchange
 from bytesplat_ns.input_checks import BadInputError
 from bytesplat_ns.strategy import gather_counts
 
@@ -106,7 +106,4 @@ class ByteSplatPipeline(VanillaPipeline):
                 param.grad = torch.zeros_like(param)
         splat_grads = [p.grad for p in self.model.gauss_params.values()]
         other_grads = [p.grad for p in params if id(p) not in splat_ids]
-        if isinstance(self.exchange, DenseExchange):
-            return self.exchange.average(splat_grads + other_grads, note=note)
-        all_reduce_mean(other_grads)
-        return self.exchange.average(splat_grads, note=note)
+        return self.exchange.average(splat_grads, note=note, dense=other_grads)

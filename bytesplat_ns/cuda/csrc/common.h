@@ -29,6 +29,12 @@ inline void check_shape(const at::Tensor& t, std::initializer_list<int64_t> shap
               at::IntArrayRef(shape));
 }
 
+// The colour channels the rasterization kernels take: 3 (RGB) or 4 (RGB + depth).
+inline int64_t check_channels(int64_t cdim) {
+  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  return cdim;
+}
+
 // Checks the projected splats (float32, contiguous, same device, consistent N) and points at them.
 inline SplatInputs splat_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& colors,
                                 const at::Tensor& opacities) {

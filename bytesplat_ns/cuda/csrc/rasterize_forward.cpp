@@ -11,8 +11,7 @@ std::tuple<at::Tensor, at::Tensor> rasterize_forward(const at::Tensor& means2d, 
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
   const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x);
-  const int64_t cdim = colors.size(1);
-  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  const int64_t cdim = check_channels(colors.size(1));
   at::Tensor render = image_output(means2d, height, width, cdim, poison);
   at::Tensor alpha = image_output(means2d, height, width, 1, poison);
   const ForwardParams p{splats, tiles, static_cast<int>(width), static_cast<int>(height), render.data_ptr<float>(),

@@ -35,8 +35,7 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
   const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x);
-  const int64_t cdim = colors.size(1);
-  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  const int64_t cdim = check_channels(colors.size(1));
   TORCH_CHECK(capacity > 0, "capacity must be positive");
   check_image(v_render, height, width, cdim, "v_render");
   if (v_alpha.has_value()) check_image(*v_alpha, height, width, 1, "v_alpha");
@@ -96,7 +95,7 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
 }
 
 int64_t fused_capacity(int64_t cdim, int64_t blocks_per_sm) {
-  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  check_channels(cdim);
   TORCH_CHECK(blocks_per_sm > 0, "blocks_per_sm must be positive");
   int device = 0;
   BYTESPLAT_CHECK_CUDA_STATUS(cudaGetDevice(&device));

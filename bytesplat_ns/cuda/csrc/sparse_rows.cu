@@ -22,6 +22,23 @@ __device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int 
   return nullptr;  // col >= D: never asked for
 }
 
+// One warp per row: this warp's first row and the stride of a grid-stride loop over rows; lanes cover values.
+struct WarpRows {
+  int lane;
+  int64_t first;
+  int64_t stride;
+  __device__ WarpRows()
+      : lane(static_cast<int>(threadIdx.x) & 31),
+        first((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5),
+        stride((static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) {}
+};
+
+// The value to pack: the gradient plus the pending residual.
+__device__ __forceinline__ float packed_value(const PackParams& p, int64_t row, int col) {
+  const float v = *value_ptr(p.grads, row, col);
+  return p.residual_in != nullptr ? v + p.residual_in[row * p.grads.values + col] : v;
+}
+
 template <bool kHalf>
 struct RowBuffer {
   using Value = typename std::conditional<kHalf, __half, float>::type;
@@ -70,19 +87,13 @@ struct RowBuffer {
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
   using Buf = RowBuffer<kHalf>;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const int d = p.grads.values;
+  const WarpRows w;
+  const int lane = w.lane, d = p.grads.values;
   int* header = static_cast<int*>(p.buffer);  // [0] the row count (atomic), [1] the note
   if (blockIdx.x == 0 && threadIdx.x == 0) header[1] = p.note;
-  for (int64_t row = first; row < p.grads.rows; row += stride) {
+  for (int64_t row = w.first; row < p.grads.rows; row += w.stride) {
     bool touched = false;
-    for (int col = lane; col < d; col += 32) {
-      float v = *value_ptr(p.grads, row, col);
-      if (p.residual_in != nullptr) v += p.residual_in[row * d + col];
-      touched |= v != 0.f;
-    }
+    for (int col = lane; col < d; col += 32) touched |= packed_value(p, row, col) != 0.f;
     touched = __any_sync(kAllLanes, touched);
     int slot = 0;
     if (touched && lane == 0) slot = atomicAdd(header, 1);
@@ -91,8 +102,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
     typename Buf::Value* out = sent ? Buf::row(p.buffer, 1 + static_cast<int64_t>(slot), d) : nullptr;
     if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row));
     for (int col = lane; col < d; col += 32) {
-      float v = *value_ptr(p.grads, row, col);
-      if (p.residual_in != nullptr) v += p.residual_in[row * d + col];
+      const float v = packed_value(p, row, col);
       if (sent) out[Buf::kSlots + col] = Buf::encode(v);
       if (p.residual_out != nullptr) p.residual_out[row * d + col] = touched && !sent ? v : 0.f;
     }
@@ -102,16 +112,14 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) {
   using Buf = RowBuffer<kHalf>;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const WarpRows w;
   const int d = p.grads.values;
   const int count = min(static_cast<const int*>(p.buffer)[0], p.capacity);
-  for (int64_t i = first; i < count; i += stride) {
+  for (int64_t i = w.first; i < count; i += w.stride) {
     const typename Buf::Value* in = Buf::row(p.buffer, 1 + i, d);
     const int64_t row = Buf::get_index(in);
     if (row < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
-    for (int col = lane; col < d; col += 32) {
+    for (int col = w.lane; col < d; col += 32) {
       *value_ptr(p.grads, row, col) += p.scale * Buf::decode(in[Buf::kSlots + col]);
     }
   }
