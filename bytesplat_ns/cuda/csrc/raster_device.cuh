@@ -51,17 +51,18 @@ struct SplatCache {
     return c;
   }
 
-  // Cooperative load of entries [first, first + count) of the tile lists' id array.
-  __device__ void load(const SplatInputs& s, const int32_t* list_ids, int first, int count) const {
+  // Cooperative load of entries [first, first + count) of the tile lists' id array into slots [at, at + count).
+  __device__ void load(const SplatInputs& s, const int32_t* list_ids, int first, int count, int at = 0) const {
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
       const int32_t id = list_ids[first + i];
       const int64_t n = id;
-      ids[i] = id;
-      xy[i] = make_float2(s.means2d[2 * n], s.means2d[2 * n + 1]);
-      con[i] = make_float3(s.conics[3 * n], s.conics[3 * n + 1], s.conics[3 * n + 2]);
-      opac[i] = s.opacities[n];
+      const int k = at + i;
+      ids[k] = id;
+      xy[k] = make_float2(s.means2d[2 * n], s.means2d[2 * n + 1]);
+      con[k] = make_float3(s.conics[3 * n], s.conics[3 * n + 1], s.conics[3 * n + 2]);
+      opac[k] = s.opacities[n];
 #pragma unroll
-      for (int d = 0; d < CDIM; ++d) col[CDIM * i + d] = s.colors[CDIM * n + d];
+      for (int d = 0; d < CDIM; ++d) col[CDIM * k + d] = s.colors[CDIM * n + d];
     }
   }
 };

@@ -1,8 +1,9 @@
 // Fused forward + backward kernel. One block of 16x16 threads per tile, one pixel per thread.
 //
 //  1. Forward: the tile's depth-ordered splats are loaded into shared memory (one chunk of up to `capacity`
-//     splats; longer lists, possible only with pruning off, go in several chunks) and composited front to back
-//     with gsplat's cut-offs. Each thread keeps T_final, its last contributing index and its colour in registers.
+//     splats; longer lists, possible only with pruning off, go in several chunks), kBlock at a time, and
+//     composited front to back with gsplat's cut-offs; loading stops once every pixel of the tile is saturated.
+//     Each thread keeps T_final, its last contributing index and its colour in registers.
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
 //  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
@@ -96,18 +97,27 @@ __global__ void __launch_bounds__(kBlock) fused_kernel(const FusedParams p) {
   for (int d = 0; d < CDIM; ++d) C[d] = 0.f;
   int last = -1;  // index in the tile's list of the last splat composited into this pixel
   bool done = !pix.inside;
-  int resident = -1;  // chunk now in shared memory (block-uniform)
-  for (int k = 0; k < n_chunks; ++k) {
-    if (__syncthreads_count(done) == kBlock) break;  // also the barrier before the cache is overwritten
+  int resident = -1;  // chunk now (partly) in shared memory (block-uniform)
+  bool block_done = false;
+  for (int k = 0; k < n_chunks && !block_done; ++k) {
     const int off = k * cap;
     const int len = min(cap, count - off);
-    cache.load(p.splats, p.tiles.ids, first + off, len);
-    resident = k;
-    __syncthreads();
-    for (int j = 0; j < len && !done; ++j) {
-      const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
-      if (s == Step::kStop) done = true;
-      if (s == Step::kUsed) last = off + j;
+    // Loaded in batches of kBlock, each composited before the next is read, so a tile whose pixels all saturate
+    // early reads no more of its list (the backward needs no entry past the last one used).
+    for (int b = 0; b < len; b += kBlock) {
+      if (__syncthreads_count(done) == kBlock) {  // also the barrier before the cache is overwritten
+        block_done = true;
+        break;
+      }
+      const int nb = min(kBlock, len - b);
+      cache.load(p.splats, p.tiles.ids, first + off + b, nb, b);
+      resident = k;
+      __syncthreads();
+      for (int j = b; j < b + nb && !done; ++j) {
+        const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
+        if (s == Step::kStop) done = true;
+        if (s == Step::kUsed) last = off + j;
+      }
     }
   }
   if (pix.inside && p.render != nullptr) {
