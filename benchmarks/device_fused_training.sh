@@ -1,39 +1,66 @@
 #!/usr/bin/env bash
 # One call on the 2-GPU machine, after `source .device-kit/on-device.sh` (carry .build-cache for the built fused
-# module): the fused loss path's GPU test, then lego trained with renderer fused (fused loss path) on GPU 0 and
-# renderer gsplat on GPU 1 at the same time, same seed, STEPS steps (default 7000), each evaluated with ns-eval
-# on the test split. Files in $OUT: pytest_fused_loss.log, train_<renderer>.log, eval_<renderer>.json, and
-# bytesplat_stats_<renderer>.json. Prints a table last.
+# module): the fused loss path's GPU test, then lego trained by bytesplat with renderer fused (fused loss path) on
+# GPU 0 and by SECOND on GPU 1 at the same time, STEPS steps (default 7000), each evaluated with ns-eval on the
+# test split. SECOND: splatfacto (default; nerfstudio's, TORCHDYNAMO_DISABLE=1, run through
+# benchmarks/offline_nerfstudio.py, which keeps LPIPS from downloading) or gsplat (bytesplat, renderer gsplat).
+# Files in $OUT: pytest_fused_loss.log, train_<lane>.log, eval_<lane>.json, fused_training.json. Table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 STEPS=${STEPS:-7000}
+SECOND=${SECOND:-splatfacto}
 mkdir -p "$OUT"
 export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext} PYTHONUNBUFFERED=1
 python3 -m pytest -p no:cacheprovider -q -rs tests/test_fused_loss_path.py > "$OUT/pytest_fused_loss.log" 2>&1
 tail -1 "$OUT/pytest_fused_loss.log"
 runs=/tmp/fused-training
-lane() {  # renderer gpu
-  CUDA_VISIBLE_DEVICES=$2 ns-train bytesplat --data .device-kit/data/lego --max-num-iterations "$STEPS" \
-    --vis tensorboard --steps-per-eval-image 0 --steps-per-eval-all-images 0 --steps-per-save "$STEPS" \
-    --output-dir "$runs" --experiment-name lego --timestamp "$1" --pipeline.model.renderer "$1" \
-    --pipeline.model.background-color white blender-data > "$OUT/train_$1.log" 2>&1 &&
-  CUDA_VISIBLE_DEVICES=$2 ns-eval --load-config "$runs/lego/bytesplat/$1/config.yml" \
-    --output-path "$OUT/eval_$1.json" > /dev/null 2>&1
-  cp "$runs/lego/bytesplat/$1/bytesplat_stats.json" "$OUT/bytesplat_stats_$1.json"
+ns() { python3 benchmarks/offline_nerfstudio.py "$@"; }
+lane() {  # name gpu method [ns-train options]
+  local name=$1 gpu=$2 method=$3
+  shift 3
+  CUDA_VISIBLE_DEVICES=$gpu TORCHDYNAMO_DISABLE=1 ns ns-train "$method" --data .device-kit/data/lego \
+    --max-num-iterations "$STEPS" --vis tensorboard --steps-per-eval-image 0 --steps-per-eval-all-images 0 \
+    --steps-per-save "$STEPS" --output-dir "$runs" --experiment-name lego --timestamp "$name" \
+    --pipeline.model.background-color white "$@" blender-data > "$OUT/train_$name.log" 2>&1 &&
+  CUDA_VISIBLE_DEVICES=$gpu ns ns-eval --load-config "$runs/lego/$method/$name/config.yml" \
+    --output-path "$OUT/eval_$name.json" > "$OUT/eval_$name.log" 2>&1
 }
-lane fused 0 & lane gsplat 1 & wait
-python3 - "$OUT" <<'PY'
+lane fused 0 bytesplat --pipeline.model.renderer fused &
+if [ "$SECOND" = splatfacto ]; then lane splatfacto 1 splatfacto & else lane gsplat 1 bytesplat --pipeline.model.renderer gsplat & fi
+wait
+python3 - "$OUT" "$runs" "$STEPS" fused "$SECOND" <<'PY'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
-print(f"{'renderer':<8} {'PSNR':>7} {'SSIM':>7} {'ms/step':>8} {'views/s':>8} {'splats':>8}")
-for name in ("fused", "gsplat"):
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import bytesplat_ns  # noqa: F401  (lets torch.load read nerfstudio checkpoints)
+
+out, runs, steps, lanes = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+rows = []
+print(f"{'lane':<10} {'PSNR':>7} {'SSIM':>7} {'ms/step':>8} {'peak MB':>8} {'splats':>8} {'pruned/step':>11}")
+for name in lanes:
+    run = next(runs.glob(f"lego/*/{name}"), None)
     try:
         test = json.loads((out / f"eval_{name}.json").read_text())["results"]
-        stats = json.loads((out / f"bytesplat_stats_{name}.json").read_text())
-    except (OSError, KeyError) as error:
-        print(f"{name:<8} missing: {error}")
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
+    except (OSError, KeyError, TypeError) as error:
+        print(f"{name:<10} missing: {error}")
         continue
-    ms = 1000 * stats["step_seconds"] / stats["steps"]
-    print(f"{name:<8} {test['psnr']:7.2f} {test['ssim']:7.4f} {ms:8.2f} {stats['views_per_second']:8.1f} {stats['splats']:8d}")
+    scalar = lambda tag: [e.value for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []  # noqa: E731
+    iter_ms = scalar("Train Iter (time)")
+    steady = sorted(iter_ms[len(iter_ms) // 2 :])
+    pruned = scalar("Train Metrics Dict/pruned_tile_entries")
+    ckpt = torch.load(next((run / "nerfstudio_models").glob("*.ckpt")), map_location="cpu")
+    row = {"lane": name, "steps": steps, "psnr": test["psnr"], "ssim": test["ssim"],
+           "step_ms_median_second_half": 1000 * steady[len(steady) // 2] if steady else None,
+           "peak_memory_mb": max(scalar("GPU Memory (MB)"), default=None),
+           "splats": ckpt["pipeline"]["_model.gauss_params.means"].shape[0],
+           "pruned_tile_entries_mean": sum(pruned) / len(pruned) if pruned else None}  # fmt: skip
+    rows.append(row)
+    fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+    print(f"{name:<10} {row['psnr']:7.2f} {row['ssim']:7.4f} {fmt(row['step_ms_median_second_half'], '8.2f')} "
+          f"{fmt(row['peak_memory_mb'], '8.0f')} {row['splats']:8d} {fmt(row['pruned_tile_entries_mean'], '11.1f')}")
+(out / "fused_training.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows}, indent=2))
 PY

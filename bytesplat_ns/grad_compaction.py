@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bytesplat_ns.cuda import ops
+from bytesplat_ns.late_read import LateRead
 
 CAPACITY_GRANULE = 1024
 """Capacities are multiples of this many rows (fewer distinct buffer sizes for the allocator)."""
@@ -58,25 +59,6 @@ class ExchangeStats:
     """Every rank's `note` of the previous exchange, in rank order (zeros at the first)."""
     overflows: int = 0
     """1 if the previous exchange had a rank with more non-zero rows than the capacity."""
-
-
-class LateRead:
-    """A small device tensor's values, copied to the host now and read later without making the host wait."""
-
-    def __init__(self, values: Tensor) -> None:
-        self._ready: torch.cuda.Event | None = None
-        if values.is_cuda:
-            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            self._host.copy_(values, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
-        else:
-            self._host = values.clone()
-
-    def tolist(self) -> list:
-        if self._ready is not None:
-            self._ready.synchronize()  # long done by the time this is called: no wait
-        return self._host.tolist()
 
 
 @dataclass

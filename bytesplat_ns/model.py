@@ -27,6 +27,7 @@ from torch import Tensor
 from bytesplat_ns import nerfstudio_patches
 from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
+from bytesplat_ns.render.bin_capacity import BinCapacity
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step
 from bytesplat_ns.splat_ply import read_splats
 from bytesplat_ns.strategy import ByteSplatStrategy
@@ -130,6 +131,7 @@ class ByteSplatModel(SplatfactoModel):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
         self.loaded_views_per_step = cfg.views_per_step
         self.pruned: Tensor | None = None  # set by each render (fused renderer: a device tensor)
+        self.bins = BinCapacity()  # fused renderer, training: tile binning without a host sync
 
     def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation (seed points or a random cube), or an exported PLY; built on the CPU."""
@@ -251,6 +253,7 @@ class ByteSplatModel(SplatfactoModel):
             render_depth=render_depth,
             absgrad=self.strategy.absgrad,
             backend=self.config.renderer,
+            bins=self.bins if self.training else None,
         )
         raster_camera = RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height)
         if batch is not None and self.uses_fused_loss(batch):

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from nerfstudio.pipelines.base_pipeline import Pipeline, VanillaPipeline, VanillaPipelineConfig
 
+from bytesplat_ns.cuda import ops
+from bytesplat_ns.cuda.build import FusedBuildError
 from bytesplat_ns.grad_compaction import DenseExchange, ExchangeStats, SparseRowExchange
 from bytesplat_ns.input_checks import BadInputError
 from bytesplat_ns.strategy import gather_counts
@@ -32,9 +34,10 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     compaction) or dense (one all-reduce of everything, for comparison)."""
     half_precision_exchange: bool = False
     """Send the compacted gradient values as float16 (half the bytes; the sum is formed in float32)."""
-    exchange_kernels: bool = False
-    """Pack and unpack the compacted rows with bytesplat's CUDA kernels (built on first use, like the fused
-    renderer) instead of torch operations. Off until measured on the GPU (benchmarks/multi_gpu.py)."""
+    exchange_kernels: bool = True
+    """Pack and unpack the compacted rows with bytesplat's CUDA kernels (one launch each; built when training starts
+    on several GPUs, like the fused renderer) instead of about twenty torch operations: the exchange's host time
+    per step 1.53 -> 0.69 ms on lego (benchmarks/RESULTS.md). False: torch operations (no nvcc needed)."""
 
 
 class ByteSplatPipeline(VanillaPipeline):
@@ -71,7 +74,10 @@ class ByteSplatPipeline(VanillaPipeline):
         )
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
-        sparse = SparseRowExchange(half=config.half_precision_exchange, kernels=config.exchange_kernels)
+        kernels = config.exchange_kernels and world_size > 1 and torch.device(device).type == "cuda"
+        if kernels:
+            _build_exchange_kernels()
+        sparse = SparseRowExchange(half=config.half_precision_exchange, kernels=kernels)
         self.exchange = DenseExchange() if config.exchange == "dense" else sparse
 
     def get_train_loss_dict(self, step: int):
@@ -107,3 +113,12 @@ class ByteSplatPipeline(VanillaPipeline):
         splat_grads = [p.grad for p in self.model.gauss_params.values()]
         other_grads = [p.grad for p in params if id(p) not in splat_ids]
         return self.exchange.average(splat_grads, note=note, dense=other_grads)
+
+
+def _build_exchange_kernels() -> None:
+    """Build (or load) the CUDA extension now rather than at the first exchange; fail with both fixes."""
+    try:
+        ops.ext()
+    except FusedBuildError as error:
+        hint = "Or exchange without the kernels: --pipeline.exchange-kernels False."
+        raise FusedBuildError(f"{error}\n{hint}") from error

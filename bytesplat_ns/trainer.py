@@ -2,7 +2,8 @@
 
 - The scene is checked before anything is cached (input_checks); a bad one exits with the fix, and the
   run folder created for it is removed.
-- Non-finite losses or gradients are caught without a per-step host sync (finite_guard).
+- Non-finite losses or gradients are caught without a per-step host sync (finite_guard); the logged loss and
+  metrics are read a step late (train_log), so logging makes the host wait neither.
 - Ctrl-C or SIGTERM stops after the current step and writes a final checkpoint; every checkpoint is
   written to a temporary file first and renamed, so an interrupted write never replaces a good one.
 - Out of GPU memory while densifying: a checkpoint, then a message naming the splat count and the cap.
@@ -44,6 +45,7 @@ from bytesplat_ns.rank_watchdog import RankWatchdog
 from bytesplat_ns.run_control import RunControl
 from bytesplat_ns.run_stats import RunStats
 from bytesplat_ns.step_profile import StepProfiler
+from bytesplat_ns.train_log import LateLogValues
 from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
 
 
@@ -163,6 +165,7 @@ class ByteSplatTrainer(Trainer):
                 self._remove_unused_run_folder()
             _exit(str(error))
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
+        self.log_values = LateLogValues(self.config.logging.steps_per_log)
         self.stats = RunStats(views_per_step=self.world_size)
         name = "step_profile.json" if self.is_main else f"step_profile_rank{self.rank}.json"
         self.profiler = StepProfiler(self.config.profile_start, self.config.profile_steps,
@@ -247,7 +250,7 @@ class ByteSplatTrainer(Trainer):
             optimizers.scheduler_step_all(step)
         clock.lap("optimizer")
         self.stats.add_exchange(exchange)
-        return loss, loss_dict, metrics_dict
+        return self.log_values(step, loss, loss_dict, metrics_dict)
 
     # -- stopping, memory, checkpoints ------------------------------------------------------------
     def train(self) -> None:
@@ -369,11 +372,14 @@ class ByteSplatTrainer(Trainer):
             table.add_row("Held-out PSNR", f"{self.heldout_psnr:.2f} dB (mean over the {views} eval-split views)")
         for name, value in self.stats.summary_rows():
             table.add_row(name, value)
+        if self.pipeline.model.config.renderer == "fused":
+            table.add_row("Tile binning", f"{self.pipeline.model.bins.overflows} overflows (render/bin_capacity.py)")
         for event in self.guard.events:
             table.add_row("Non-finite step", event)
         base = self.config.get_base_dir()
         self.stats.write(base / "bytesplat_stats.json", heldout_psnr=self.heldout_psnr,
-                         splats=self.pipeline.model.num_points, last_step=self.step)  # fmt: skip
+                         splats=self.pipeline.model.num_points, last_step=self.step,
+                         binning_overflows=self.pipeline.model.bins.overflows)  # fmt: skip
         table.add_row("Run folder", str(base))
         table.add_row("Config (for ns-eval/render/export)", str(base / "config.yml"))
         table.add_row("Checkpoints", str(self.checkpoint_dir))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -236,8 +236,10 @@ def prune_scores(scene: Scene, ids: Tensor, tile: int, tiles_x: int) -> Tensor:
 
 def check_pruning(scene: Scene, capacity: int, score_rtol: float) -> None:
     full = lists_from_bins(scene.bins)
-    offsets = full.start.reshape(full.tiles_y, full.tiles_x)
-    pruned = ops.tile_lists(offsets, full.ids.clone(), scene.means2d, scene.conics, scene.opacities, capacity)
+    kept = torch.tensor([full.ids.numel()], dtype=torch.int32, device=DEVICE)
+    bins = ops.TileEntries(ids=full.ids.clone(), offsets=full.start, kept=kept, total=kept.long(), tiles_x=full.tiles_x,
+                        tiles_y=full.tiles_y)  # fmt: skip
+    pruned = ops.tile_lists(bins, scene.means2d, scene.conics, scene.opacities, capacity)
     counts = (full.end - full.start).long()
     assert torch.equal((pruned.end - pruned.start).long(), counts.clamp_max(capacity))
     assert int(pruned.pruned.item()) == int((counts - capacity).clamp_min(0).sum())
@@ -309,3 +311,61 @@ def check_fused_loss_step(seed: int, grad_rtol: float, loss_rtol: float) -> None
     assert pruned >= 0
     for name, grad in fused_grads.items():
         assert_grad_close(grad, auto_grads[name].double(), grad_rtol, f"fused_loss_step: {name}")
+
+
+def check_binning(scene: Scene, mode: str) -> None:
+    """The sync-free binning (csrc/bin_tiles.h) against gsplat's isect_tiles + isect_offset_encode: the same sorted
+    entries and tile offsets. mode: "exact" (capacity read from the device), "spare" (a larger buffer: padding
+    after the entries) or "short" (a smaller one: the first entries in splat order, sorted)."""
+    from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles
+
+    tiles_x, tiles_y = math.ceil(scene.width / 16), math.ceil(scene.height / 16)
+    args = (scene.means2d[None], scene.radii[None], scene.depths[None], 16, tiles_x, tiles_y)
+    _, unsorted, unsorted_ids = isect_tiles(*args, sort=False)
+    total = unsorted.numel()
+    capacity = {"exact": -1, "spare": total + 1000, "short": max(1, total // 2)}[mode]
+    keys, ids, offsets, kept, counted = ops.ext().bin_tiles(
+        scene.means2d, scene.radii, scene.depths, tiles_x, tiles_y, capacity
+    )
+    used = min(total, keys.numel())
+    assert int(counted.item()) == total and int(kept.item()) == used
+    order = torch.sort(unsorted[:used], stable=True).indices  # gsplat's sort (cub radix) is stable too
+    expected_keys, expected_ids = unsorted[:used][order], unsorted_ids[:used][order]
+    if mode != "short":
+        _, sorted_keys, sorted_ids = isect_tiles(*args)
+        assert torch.equal(sorted_keys, expected_keys) and torch.equal(sorted_ids, expected_ids)
+    assert torch.equal(keys[:used], expected_keys)
+    assert torch.equal(ids[:used], expected_ids)
+    assert torch.equal(offsets, isect_offset_encode(expected_keys, 1, tiles_x, tiles_y).reshape(-1))
+    assert bool(((keys[used:] >> 32) == tiles_x * tiles_y).all()), "padding must sort after every tile"
+
+
+def check_bin_capacity_renders(seed: int) -> None:
+    """Training renders with a BinCapacity (buffers sized from earlier counts, no host read) equal exact binning's,
+    bit for bit; a capacity too small is counted as an overflow a render later."""
+    from bytesplat_ns.render.bin_capacity import EXACT, BinCapacity
+    from tests.test_gsplat_parity import _on_device, build_scene
+
+    @dataclass
+    class Recorded(BinCapacity):
+        given: list = field(default_factory=list)
+
+        def next(self, num_splats: int) -> int:
+            self.given.append(super().next(num_splats))
+            return self.given[-1]
+
+    scene, cam, _ = build_scene(20000, 203, 157, seed)
+    splats = _on_device(scene, torch.float32, False)
+    exact = rasterize(splats, cam, RasterizeOptions(backend="fused"))
+    bins = Recorded()
+    for _ in range(3):
+        out = rasterize(splats, cam, RasterizeOptions(backend="fused", bins=bins))
+        assert torch.equal(out.rgb, exact.rgb) and torch.equal(out.alpha, exact.alpha)
+    assert bins.given[0] == EXACT and bins.given[1] == bins.given[2] > 0 and bins.given[1] % bins.granule == 0
+    bins.next(splats.count)
+    assert bins.overflows == 0
+    small = BinCapacity(headroom=0.25, granule=1)
+    for _ in range(3):
+        rasterize(splats, cam, RasterizeOptions(backend="fused", bins=small))
+    small.next(splats.count)
+    assert small.overflows == 2  # the second and third renders had a quarter of the entries they needed

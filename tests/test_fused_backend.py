@@ -137,7 +137,7 @@ def test_cuda_sources_compile(tmp_path):
          str(src), "-o", str(tmp_path / f"{src.stem}.o")]
         for src in sources
     ])  # fmt: skip
-    assert len(list(tmp_path.glob("*.o"))) == len(sources) == 4
+    assert len(list(tmp_path.glob("*.o"))) == len(sources) == 5
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None, reason="needs g++ and the CUDA headers")
@@ -203,6 +203,19 @@ def test_backend_matches_gsplat_backend():
 @gpu
 def test_fused_loss_step_matches_autograd_through_rasterize():
     fc.check_fused_loss_step(seed=10, grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL)
+
+
+@gpu
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("mode", ["exact", "spare", "short"])
+def test_binning_matches_gsplat(name, mode):
+    count, width, height, seed, placement = CASES[name]
+    fc.check_binning(fc.random_2d_scene(count, width, height, seed + 200, placement, channels=3), mode)
+
+
+@gpu
+def test_training_binning_needs_no_count_and_counts_overflows():
+    fc.check_bin_capacity_renders(seed=11)
 
 
 @gpu

@@ -58,23 +58,51 @@ def tile_capacity(device: torch.device, channels: int) -> int:
     return _capacity(index, channels, BLOCKS_PER_SM)
 
 
+@dataclass
+class TileEntries:
+    """Sorted (splat, tile) entries from `bin_tiles`, in buffers that may hold more entries than are used."""
+
+    ids: Tensor  # [C] int32 splat index per entry, grouped by tile, front to back within a tile
+    offsets: Tensor  # [T] int32 first entry of each tile (gsplat's isect offsets)
+    kept: Tensor  # [1] int32 entries in use: min(total, C)
+    total: Tensor  # [1] int64 entries the splats make (more than C when the capacity overflowed)
+    tiles_x: int
+    tiles_y: int
+
+
+def bin_tiles(
+    means2d: Tensor,  # [N, 2]
+    radii: Tensor,  # [N] int32
+    depths: Tensor,  # [N]
+    tiles_x: int,
+    tiles_y: int,
+    capacity: int,
+) -> TileEntries:
+    """gsplat's tile binning (isect_tiles + isect_offset_encode, one camera) into buffers of `capacity` entries,
+    without a host sync; capacity < 0: the exact count (one host read). See csrc/bin_tiles.h."""
+    _, ids, offsets, kept, total = ext().bin_tiles(
+        means2d.detach().contiguous(), radii.to(torch.int32).contiguous(), depths.detach().contiguous(), tiles_x,
+        tiles_y, capacity,
+    )  # fmt: skip
+    return TileEntries(ids=ids, offsets=offsets, kept=kept, total=total, tiles_x=tiles_x, tiles_y=tiles_y)
+
+
 def tile_lists(
-    offsets: Tensor,  # [tiles_y, tiles_x] or [1, tiles_y, tiles_x] int32: gsplat's isect offsets
-    flatten_ids: Tensor,  # [M] int32; rewritten in place where a tile is pruned
+    bins: TileEntries,  # its ids are rewritten in place where a tile is pruned
     means2d: Tensor,  # [N, 2]
     conics: Tensor,  # [N, 3]
     opacities: Tensor,  # [N]
     capacity: int | None,
 ) -> TileLists:
-    """Tile ranges from gsplat's binning; with a capacity, tiles with more entries keep only the `capacity`
-    splats that contribute most there (criterion in csrc/prune_tiles.h), in depth order."""
-    tiles_y, tiles_x = offsets.shape[-2:]
-    start = offsets.reshape(-1).contiguous()
+    """Tile ranges from the binning; with a capacity, tiles with more entries keep only the `capacity` splats
+    that contribute most there (criterion in csrc/prune_tiles.h), in depth order."""
     end, pruned = ext().tile_ranges(
-        start, flatten_ids, means2d.detach().contiguous(), conics.detach().contiguous(),
-        opacities.detach().contiguous(), tiles_x, capacity or 0,
+        bins.offsets, bins.ids, means2d.detach().contiguous(), conics.detach().contiguous(),
+        opacities.detach().contiguous(), bins.kept, bins.tiles_x, capacity or 0,
     )  # fmt: skip
-    return TileLists(start=start, end=end, ids=flatten_ids, tiles_x=tiles_x, tiles_y=tiles_y, pruned=pruned)
+    return TileLists(
+        start=bins.offsets, end=end, ids=bins.ids, tiles_x=bins.tiles_x, tiles_y=bins.tiles_y, pruned=pruned
+    )
 
 
 def rasterize_pixels(

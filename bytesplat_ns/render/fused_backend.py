@@ -1,5 +1,6 @@
-"""The `fused` renderer backend: gsplat 1.4.0's projection, SH and tile binning, then our own kernels
-(bytesplat_ns/cuda/csrc) for compositing and its backward pass.
+"""The `fused` renderer backend: gsplat 1.4.0's projection and SH, then our own kernels (bytesplat_ns/cuda/csrc)
+for tile binning (gsplat's entries and order, without its host sync: csrc/bin_tiles.h, render/bin_capacity.py),
+compositing and its backward pass.
 
 Two ways in:
   * `rasterize_fused(splats, camera, opts)`: the `rasterize()` interface, under ordinary autograd. Forward is a
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor
 
 from bytesplat_ns.cuda import ops
+from bytesplat_ns.render.bin_capacity import EXACT
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats, strategy_info
 
 
@@ -83,8 +85,9 @@ class Prepared:
 
 
 def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_depth: bool) -> Prepared:
-    """Projection, SH and tile binning through gsplat's kernels, called as gsplat's `rasterization()` calls them."""
-    from gsplat.cuda._wrapper import fully_fused_projection, isect_offset_encode, isect_tiles, spherical_harmonics
+    """Projection and SH through gsplat's kernels, called as gsplat's `rasterization()` calls them; then our tile
+    binning, into a buffer sized by `opts.bins` (no host sync) or exactly."""
+    from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
 
     if opts.tile_size != ops.TILE_SIZE:
         raise ValueError(
@@ -107,12 +110,12 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
     opacities = splats.opacities[None]  # [1, N]
 
     tiles_x, tiles_y = math.ceil(camera.width / ops.TILE_SIZE), math.ceil(camera.height / ops.TILE_SIZE)
-    _, isect_ids, flatten_ids = isect_tiles(means2d, radii, depths, ops.TILE_SIZE, tiles_x, tiles_y, packed=False)
-    offsets = isect_offset_encode(isect_ids, 1, tiles_x, tiles_y)  # [1, tiles_y, tiles_x]
+    entries = opts.bins.next(splats.count) if opts.bins is not None else EXACT
+    bins = ops.bin_tiles(means2d[0], radii[0], depths[0], tiles_x, tiles_y, entries)
+    if opts.bins is not None:
+        opts.bins.observe(bins.total, entries)
     capacity = ops.tile_capacity(means2d.device, colors.shape[-1])
-    tiles = ops.tile_lists(
-        offsets, flatten_ids, means2d[0], conics[0], opacities[0], capacity if opts.prune_on_chip else None
-    )
+    tiles = ops.tile_lists(bins, means2d[0], conics[0], opacities[0], capacity if opts.prune_on_chip else None)
     return Prepared(means2d, conics, colors, opacities, radii, tiles, capacity)
 
 

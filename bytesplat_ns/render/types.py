@@ -7,6 +7,8 @@ from typing import Literal
 
 from torch import Tensor
 
+from bytesplat_ns.render.bin_capacity import BinCapacity
+
 Backend = Literal["auto", "torch", "gsplat", "fused"]
 """Renderer backends. `auto` picks the fastest one available for the tensors' device."""
 
@@ -62,6 +64,9 @@ class RasterizeOptions:
     backend: Backend = "auto"
     prune_on_chip: bool = True
     """fused backend: a tile with more splats than fit on-chip keeps those that contribute most there."""
+    bins: BinCapacity | None = None
+    """fused backend: sizes the tile binning's buffers without a host sync (the model keeps one for training);
+    None: exact binning, one host read (render/bin_capacity.py)."""
 
 
 @dataclass

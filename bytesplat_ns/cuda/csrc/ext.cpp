@@ -1,4 +1,5 @@
 // The one binding file: the extension's Python functions.
+#include "bin_tiles.h"
 #include "common.h"
 #include "prune_tiles.h"
 #include "rasterize_forward.h"
@@ -7,6 +8,7 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bytesplat kernels: fused rasterizer, exchange rows";
+  m.def("bin_tiles", &bytesplat::bin_tiles, "Tile binning into buffers of a given capacity, no host sync");
   m.def("tile_ranges", &bytesplat::tile_ranges, "Tile list ends, with on-chip pruning of overflowing tiles");
   m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 tile");
   m.def("rasterize_backward", &bytesplat::rasterize_backward,

@@ -5,13 +5,18 @@ namespace bytesplat {
 
 std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets, at::Tensor flatten_ids,
                                                const at::Tensor& means2d, const at::Tensor& conics,
-                                               const at::Tensor& opacities, int64_t tiles_x, int64_t capacity) {
+                                               const at::Tensor& opacities, const c10::optional<at::Tensor>& kept,
+                                               int64_t tiles_x, int64_t capacity) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   BYTESPLAT_CHECK_INPUT(offsets, at::kInt);
   BYTESPLAT_CHECK_INPUT(flatten_ids, at::kInt);
   BYTESPLAT_CHECK_INPUT(means2d, at::kFloat);
   BYTESPLAT_CHECK_INPUT(conics, at::kFloat);
   BYTESPLAT_CHECK_INPUT(opacities, at::kFloat);
+  if (kept.has_value()) {
+    BYTESPLAT_CHECK_INPUT(kept.value(), at::kInt);
+    check_shape(kept.value(), {1}, "kept");
+  }
   const int64_t n_tiles = offsets.numel();
   TORCH_CHECK(tiles_x > 0 && n_tiles % tiles_x == 0, "offsets must hold tiles_y * tiles_x values");
   TORCH_CHECK(flatten_ids.numel() < (int64_t{1} << 31), "too many tile entries for int32 offsets");
@@ -22,6 +27,7 @@ std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets, at::Te
   const PruneParams p{offsets.data_ptr<int32_t>(),
                       flatten_ids.data_ptr<int32_t>(),
                       static_cast<int>(flatten_ids.numel()),
+                      kept.has_value() ? kept->data_ptr<int32_t>() : nullptr,
                       splats,
                       static_cast<int>(tiles_x),
                       static_cast<int>(n_tiles / tiles_x),

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kBlock) prune_kernel(const PruneParams p) {
   const int tile = static_cast<int>(blockIdx.x);
   const int n_tiles = p.tiles_x * p.tiles_y;
   const int first = p.offsets[tile];
-  const int end = tile + 1 < n_tiles ? p.offsets[tile + 1] : p.n_entries;
+  const int end = tile + 1 < n_tiles ? p.offsets[tile + 1] : (p.kept != nullptr ? *p.kept : p.n_entries);
   const int count = end - first;
   if (p.capacity <= 0 || count <= p.capacity) {
     if (threadIdx.x == 0) p.tile_end[tile] = end;

@@ -18,6 +18,7 @@ struct PruneParams {
   const int32_t* offsets;  // [T] first entry of each tile (gsplat's isect offsets)
   int32_t* ids;            // [M] splat index per entry; rewritten in place where a tile is pruned
   int n_entries;           // M
+  const int32_t* kept;     // [1] entries in use, the end of the last tile (sync-free binning), or null: M
   SplatInputs splats;      // means2d, conics, opacities (colours unused)
   int tiles_x;
   int tiles_y;
@@ -41,6 +42,7 @@ std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets,  // [T
                                                const at::Tensor& means2d,  // [N, 2]
                                                const at::Tensor& conics,   // [N, 3]
                                                const at::Tensor& opacities,  // [N]
+                                               const c10::optional<at::Tensor>& kept,  // [1] int32 or none
                                                int64_t tiles_x, int64_t capacity);
 
 }  // namespace bytesplat

@@ -1,0 +1,32 @@
+"""The logged training values are read a step late: floats at log steps, the step before's values."""
+
+from __future__ import annotations
+
+import torch
+
+from bytesplat_ns.train_log import LateLogValues
+
+
+def _step(step: int):
+    loss = torch.tensor(float(step))
+    return loss, {"main_loss": loss * 2, "scale_reg": torch.tensor(0.5)}, {"psnr": loss + 20, "gaussian_count": 7}
+
+
+def test_log_steps_get_the_previous_steps_values_as_floats():
+    log = LateLogValues(steps_per_log=10)
+    seen = {}
+    for step in range(31):
+        seen[step] = log(step, *_step(step))
+    assert torch.is_tensor(seen[0][0])  # the first log: read as it is
+    assert torch.is_tensor(seen[5][0]) and torch.is_tensor(seen[9][1]["main_loss"])  # not logged: untouched
+    for step in (10, 20, 30):
+        loss, losses, metrics = seen[step]
+        assert loss == step - 1 and isinstance(loss, float)
+        assert losses == {"main_loss": 2.0 * (step - 1), "scale_reg": 0.5}
+        assert metrics == {"psnr": 20.0 + step - 1, "gaussian_count": 7}
+
+
+def test_logging_off_leaves_everything_as_is():
+    log = LateLogValues(steps_per_log=0)
+    out = log(10, *_step(10))
+    assert torch.is_tensor(out[0]) and out[2]["gaussian_count"] == 7
