@@ -52,6 +52,10 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """With --pipeline.model.renderer fused: form the loss's per-pixel gradient inside the fused kernel
     (render/fused_backend.py fused_loss_step) instead of autograd through the rendered image. Training falls
     back to autograd with masks, the bilateral grid or depth output during training."""
+    prune_on_chip: bool = False
+    """With --pipeline.model.renderer fused: a tile with more splats than fit in on-chip memory keeps those that
+    contribute most there (shared-memory-aware pruning) instead of compositing long tiles in chunks. Off: on lego
+    (7000 steps, H200) it cost 0.19 dB held-out PSNR (30.23 vs 30.42) and saved no step time (8.15 vs 7.99 ms)."""
 
 
 class SplatOutOfMemoryError(RuntimeError):
@@ -254,6 +258,7 @@ class ByteSplatModel(SplatfactoModel):
             absgrad=self.strategy.absgrad,
             backend=self.config.renderer,
             bins=self.bins if self.training else None,
+            prune_on_chip=self.config.prune_on_chip,
         )
         raster_camera = RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height)
         if batch is not None and self.uses_fused_loss(batch):
