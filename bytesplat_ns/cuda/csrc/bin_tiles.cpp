@@ -27,7 +27,8 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& r
               static_cast<int>(n), static_cast<int>(tiles_x), static_cast<int>(tiles_y), 1,
               tiles_per.data_ptr<int64_t>(), ends.data_ptr<int64_t>(), nullptr, nullptr, nullptr, nullptr, nullptr,
               nullptr, total.data_ptr<int64_t>()};
-  at::Tensor scan_temp = at::empty({static_cast<int64_t>(count_tiles_temp_bytes(p))}, means2d.options().dtype(at::kByte));
+  const auto bytes = means2d.options().dtype(at::kByte);
+  at::Tensor scan_temp = at::empty({static_cast<int64_t>(count_tiles_temp_bytes(p))}, bytes);
   BYTESPLAT_CHECK_CUDA_STATUS(launch_count_tiles(p, scan_temp.data_ptr(), scan_temp.numel(), stream));
   if (capacity < 0) capacity = total.item<int64_t>();  // exact: the one host read
   TORCH_CHECK(capacity < (int64_t{1} << 31), "more than 2^31 tile entries");
@@ -45,7 +46,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& r
   p.ids = ids.data_ptr<int32_t>();
   p.offsets = offsets.data_ptr<int32_t>();
   p.kept = kept.data_ptr<int32_t>();
-  at::Tensor sort_temp = at::empty({static_cast<int64_t>(fill_tiles_temp_bytes(p))}, means2d.options().dtype(at::kByte));
+  at::Tensor sort_temp = at::empty({static_cast<int64_t>(fill_tiles_temp_bytes(p))}, bytes);
   BYTESPLAT_CHECK_CUDA_STATUS(launch_fill_tiles(p, sort_temp.data_ptr(), sort_temp.numel(), stream));
   return {keys, ids, offsets, kept, total};
 }

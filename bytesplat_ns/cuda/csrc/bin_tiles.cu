@@ -1,5 +1,5 @@
 // Sync-free tile binning: count tiles per splat, prefix-sum, fill the entries that fit the capacity, pad the
-// rest, radix-sort by key, and mark where each tile starts. Seven launches, no host read.
+// rest, radix-sort by key (cub), and mark where each tile starts. No host read.
 #include <cub/cub.cuh>
 
 #include "bin_tiles.h"
