@@ -147,3 +147,15 @@ def test_pack_unpack_kernels_match_torch(half, capacity):
     want = (sent[0] + sent[1]) / 2
     got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)
     assert float((got - want).norm() / want.norm()) <= tolerance
+
+
+def test_missing_exchange_kernels_fail_at_start_naming_both_fixes(monkeypatch):
+    from bytesplat_ns import pipeline
+    from bytesplat_ns.cuda.build import FusedBuildError
+
+    def no_build():
+        raise FusedBuildError("nvcc was not found; install the CUDA toolkit")
+
+    monkeypatch.setattr(pipeline.ops, "ext", no_build)
+    with pytest.raises(FusedBuildError, match="(?s)nvcc was not found.*--pipeline.exchange-kernels False"):
+        pipeline._build_exchange_kernels()
