@@ -40,9 +40,9 @@ import json, sys
 from pathlib import Path
 
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import bytesplat_ns  # noqa: F401  (lets torch.load read nerfstudio checkpoints)
+sys.path.insert(0, "benchmarks")
+from run_summary import run_summary
 
 out, runs, steps, lanes = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 rows = []
@@ -51,20 +51,10 @@ for name in lanes:
     run = next(runs.glob(f"lego/*/{name}"), None)
     try:
         test = json.loads((out / f"eval_{name}.json").read_text())["results"]
-        events = EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
-    except (OSError, KeyError, TypeError) as error:
-        print(f"{name:<10} missing: {error}")
+        row = {"lane": name, "steps": steps, "psnr": test["psnr"], "ssim": test["ssim"], **run_summary(run)}
+    except (OSError, KeyError, TypeError, StopIteration) as error:
+        print(f"{name:<10} missing: {error!r}")
         continue
-    scalar = lambda tag: [e.value for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []  # noqa: E731
-    iter_ms = scalar("Train Iter (time)")
-    steady = sorted(iter_ms[len(iter_ms) // 2 :])
-    pruned = scalar("Train Metrics Dict/pruned_tile_entries")
-    ckpt = torch.load(next((run / "nerfstudio_models").glob("*.ckpt")), map_location="cpu")
-    row = {"lane": name, "steps": steps, "psnr": test["psnr"], "ssim": test["ssim"],
-           "step_ms_median_second_half": 1000 * steady[len(steady) // 2] if steady else None,
-           "peak_memory_mb": max(scalar("GPU Memory (MB)"), default=None),
-           "splats": ckpt["pipeline"]["_model.gauss_params.means"].shape[0],
-           "pruned_tile_entries_mean": sum(pruned) / len(pruned) if pruned else None}  # fmt: skip
     rows.append(row)
     fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
     print(f"{name:<10} {row['psnr']:7.2f} {row['ssim']:7.4f} {fmt(row['step_ms_median_second_half'], '8.2f')} "

@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-import bytesplat_ns  # noqa: F401  (lets torch.load read nerfstudio checkpoints)
+from run_summary import run_summary
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,18 +39,15 @@ def train_and_eval(method: str, data: Path, steps: int, out: Path) -> dict:
         check=True,
     )  # fmt: skip
     results = json.loads((run_dir / "eval.json").read_text())["results"]
-    iter_ms = [e.value for e in EventAccumulator(str(run_dir)).Reload().Scalars("Train Iter (time)")]
-    ckpt = torch.load(next((run_dir / "nerfstudio_models").glob("*.ckpt")), map_location="cpu")
-    splats = ckpt["pipeline"]["_model.gauss_params.means"].shape[0]
-    steady = iter_ms[len(iter_ms) // 2 :]
+    summary = run_summary(run_dir)
     return {
         "method": method,
         "steps": steps,
         "psnr": results["psnr"],
         "ssim": results["ssim"],
-        "step_ms_median_second_half": 1000 * sorted(steady)[len(steady) // 2],
+        "step_ms_median_second_half": summary["step_ms_median_second_half"],
         "train_wall_s": wall,
-        "splats": splats,
+        "splats": summary["splats"],
     }
 
 

@@ -93,7 +93,7 @@ class SparseRowExchange:
         if pending is not None and pending.shape != (num_rows, width):
             pending = None  # densification renumbered the splats: its rows no longer mean anything
         kernels = self.kernels and grads[0].is_cuda
-        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads, note, pending)
+        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads, width, note, pending)
         gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
@@ -118,19 +118,18 @@ class SparseRowExchange:
         """Value slots holding one int32."""
         return 4 // dtype.itemsize
 
-    def _pack_kernel(self, grads: list[Tensor], note: int, pending: Tensor | None) -> Tensor:
+    def _pack_kernel(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None) -> Tensor:
         """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
         go to a new residual [N, D]."""
-        num_rows, width = grads[0].shape[0], sum(g[0].numel() for g in grads)
+        num_rows = grads[0].shape[0]
         self._residual = grads[0].new_empty(num_rows, width) if self.capacity < num_rows else None
         return ops.pack_rows(grads, self.capacity, note, self.half, pending, self._residual)
 
-    def _pack_torch(self, grads: list[Tensor], note: int, pending: Tensor | None) -> Tensor:
+    def _pack_torch(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None) -> Tensor:
         """The same buffer from torch operations (any device): rows in row order, padding rows point at row N;
         rows that did not fit go to a new residual [N, D]."""
         num_rows, capacity = grads[0].shape[0], self.capacity
-        widths = [g[0].numel() for g in grads]
-        flat = grads[0].new_empty(num_rows + 1, sum(widths))  # [N + 1, D]; row N stays zero (padding reads it)
+        flat = grads[0].new_empty(num_rows + 1, width)  # [N + 1, D]; row N stays zero (padding reads it)
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
         flat[num_rows].zero_()
         if pending is not None:

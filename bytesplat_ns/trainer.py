@@ -372,7 +372,7 @@ class ByteSplatTrainer(Trainer):
             table.add_row("Held-out PSNR", f"{self.heldout_psnr:.2f} dB (mean over the {views} eval-split views)")
         for name, value in self.stats.summary_rows():
             table.add_row(name, value)
-        if self.pipeline.model.config.renderer == "fused":
+        if self.pipeline.model.bins.used:
             table.add_row("Tile binning", f"{self.pipeline.model.bins.overflows} overflows (render/bin_capacity.py)")
         for event in self.guard.events:
             table.add_row("Non-finite step", event)

@@ -18,7 +18,9 @@ def _render(bins: BinCapacity, splats: int, entries: int) -> int:
 
 def test_exact_first_then_from_recent_counts():
     bins = BinCapacity(headroom=1.5, granule=1000)
+    assert not bins.used
     assert _render(bins, 100, 40_000) == EXACT
+    assert bins.used
     assert _render(bins, 100, 50_000) == 60_000  # 1.5 x 40,000
     assert _render(bins, 100, 30_000) == math.ceil(1.5 * 50_000 / 1000) * 1000  # the largest of the window
     assert bins.overflows == 0

@@ -39,6 +39,11 @@ class BinCapacity:
     _pending: tuple[LateRead, int] | None = None
     _splats: int = -1
 
+    @property
+    def used(self) -> bool:
+        """Whether a binning has asked for a capacity (the fused renderer in training)."""
+        return self._splats >= 0
+
     def next(self, num_splats: int) -> int:
         """The capacity of the next binning of `num_splats` splats, or EXACT."""
         self._read_pending()

@@ -1,0 +1,31 @@
+"""What a finished nerfstudio training run folder says about itself, read the same way by every benchmark:
+step time from the trainer's "Train Iter (time)" events (median of the second half), peak GPU memory, splats
+in the final checkpoint, and bytesplat's pruned tile entries per step when logged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import bytesplat_ns  # noqa: F401  (lets torch.load read nerfstudio checkpoints)
+
+
+def run_summary(run_dir: Path) -> dict:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}).Reload()  # every event, not a sample
+    tags = set(events.Tags()["scalars"])
+
+    def scalar(tag: str) -> list[float]:
+        return [e.value for e in events.Scalars(tag)] if tag in tags else []
+
+    iter_s = scalar("Train Iter (time)")
+    steady = sorted(iter_s[len(iter_s) // 2 :])
+    pruned = scalar("Train Metrics Dict/pruned_tile_entries")
+    ckpt = torch.load(next((run_dir / "nerfstudio_models").glob("*.ckpt")), map_location="cpu")
+    return {
+        "step_ms_median_second_half": 1000 * steady[len(steady) // 2] if steady else None,
+        "peak_memory_mb": max(scalar("GPU Memory (MB)"), default=None),
+        "splats": ckpt["pipeline"]["_model.gauss_params.means"].shape[0],
+        "pruned_tile_entries_mean": sum(pruned) / len(pruned) if pruned else None,
+    }
