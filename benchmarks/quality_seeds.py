@@ -69,6 +69,8 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
             need = gpus_of(args)
             if need > gpu_count:
                 raise SystemExit(f"lane {name} needs {need} GPUs; this machine has {gpu_count}")
+            if need > 1 and method != "bytesplat":
+                raise SystemExit(f"lane {name}: only bytesplat lanes run on several GPUs here")
             gpus = [(turn + k) % gpu_count for k in range(need)]
             turn += need
             runs.append(Run(name, seed, method, gpus, args, out / f"{name}-{seed}.log"))
@@ -76,13 +78,11 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
 
 
 def start(run: Run, views: int, data: Path, out: Path) -> None:
-    steps = views  # bytesplat reads --max-num-iterations as views and runs views / N steps on N GPUs
-    if run.method != "bytesplat" and gpus_of(run.args) > 1:
-        raise SystemExit(f"lane {run.lane}: only bytesplat lanes run on several GPUs here")
+    # bytesplat reads --max-num-iterations (and --steps-per-save) as views: views / N steps on N GPUs
     cmd = [
-        sys.executable, OFFLINE, "ns-train", run.method, "--data", str(data), "--max-num-iterations", str(steps),
+        sys.executable, OFFLINE, "ns-train", run.method, "--data", str(data), "--max-num-iterations", str(views),
         "--machine.seed", str(run.seed), "--vis", "tensorboard", "--steps-per-eval-image", "0",
-        "--steps-per-eval-all-images", "0", "--steps-per-save", str(steps), "--output-dir", str(out / "runs"),
+        "--steps-per-eval-all-images", "0", "--steps-per-save", str(views), "--output-dir", str(out / "runs"),
         "--experiment-name", run.lane, "--timestamp", str(run.seed), *run.args,
         "--pipeline.model.background-color", "white", "blender-data",
     ]  # fmt: skip
