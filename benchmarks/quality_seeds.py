@@ -1,8 +1,9 @@
 """Held-out quality over several seeds: lanes (a method and its ns-train options) trained on lego with each seed,
 many runs at once on the machine's GPUs, each evaluated with ns-eval on the test split.
 
-For quality only: runs share the GPUs and the CPUs, so their step times are not benchmarks (use
-multi_gpu.py / device_fused_training.sh for speed). A run's numbers depend on its seed, not on what ran beside it.
+A run's quality depends on its seed, not on what ran beside it. Its step time (from run_summary.py) is that of a
+run sharing the machine: comparable between lanes only when they ran alone together, one per GPU (as
+device_fused_training.sh runs two lanes with one seed); multi_gpu.py measures speed with each run alone.
 
     python3 benchmarks/quality_seeds.py --data .device-kit/data/lego --views 7000 --seeds 42 43 44 \
         --lane splatfacto=splatfacto --lane gsplat="bytesplat --pipeline.model.renderer gsplat" \
@@ -86,8 +87,7 @@ def start(run: Run, views: int, data: Path, out: Path) -> None:
         "--experiment-name", run.lane, "--timestamp", str(run.seed), *run.args,
         "--pipeline.model.background-color", "white", "blender-data",
     ]  # fmt: skip
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, run.gpus)), "TORCHDYNAMO_DISABLE": "1",
-           "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {**_env(run.gpus), "TORCHDYNAMO_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
     run.log.parent.mkdir(parents=True, exist_ok=True)
     with open(run.log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
@@ -97,13 +97,20 @@ def start(run: Run, views: int, data: Path, out: Path) -> None:
     run.started = time.perf_counter()
 
 
+def _env(gpus: list[int]) -> dict:
+    """A run's environment: its GPUs, and two threads per process unless OMP_NUM_THREADS says otherwise (many runs
+    share the CPUs)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}  # fmt: skip
+
+
 def start_eval(run: Run) -> bool:
     """Start ns-eval on a finished run (in the background); False when training failed."""
     if run.process.returncode != 0:
         run.error = f"ns-train exit {run.process.returncode}; see {run.log.name}"
         return False
     run.train_s = time.perf_counter() - run.started
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(run.gpus[0]), "OMP_NUM_THREADS": "2"}
+    env = _env(run.gpus[:1])
     cmd = [sys.executable, OFFLINE, "ns-eval", "--load-config", str(run.folder / "config.yml"),
            "--output-path", str(run.folder / "eval.json")]  # fmt: skip
     with open(run.log, "a") as log:
@@ -112,14 +119,15 @@ def start_eval(run: Run) -> bool:
 
 
 def record(run: Run) -> dict:
-    """ns-eval's test-split PSNR/SSIM and the run's splat count, or the error."""
+    """ns-eval's test-split PSNR/SSIM and the run's summary (run_summary.py: step time, peak memory, splats, pruned
+    entries), or the error."""
     base = {"lane": run.lane, "seed": run.seed, "train_s": run.train_s}
     if run.error is None and run.process.returncode != 0:
         run.error = f"ns-eval exit {run.process.returncode}; see {run.log.name}"
     if run.error is not None:
         return {**base, "error": run.error}
     test = json.loads((run.folder / "eval.json").read_text())["results"]
-    return {**base, "psnr": test["psnr"], "ssim": test["ssim"], "splats": run_summary(run.folder)["splats"]}
+    return {**base, "psnr": test["psnr"], "ssim": test["ssim"], **run_summary(run.folder)}
 
 
 def mean_std(values: list[float]) -> dict:
@@ -145,6 +153,7 @@ def write_report(args: argparse.Namespace, results: dict, gpu_count: int, wall_s
             "ssim": mean_std([r["ssim"] for r in rows]),
             "psnr_minus_reference": mean_std(paired),
             "splats": mean_std([r["splats"] for r in rows]),
+            "step_ms": mean_std([r["step_ms_median_second_half"] for r in rows if r["step_ms_median_second_half"]]),
         }
     report = {
         "gpu": f"{gpu_count}x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu",
@@ -196,12 +205,14 @@ def main() -> None:
             write_report(args, results, gpu_count, time.perf_counter() - began)  # partial results survive a kill
     table = write_report(args, results, gpu_count, time.perf_counter() - began)
     reference = parse_lane(args.lane[0])[0]
-    print(f"\n{'lane':<14} {'PSNR mean':>9} {'std':>5} {'SSIM':>7} {'vs ' + reference:>14} {'n':>2}")
+    print(f"\n{'lane':<14} {'PSNR mean':>9} {'std':>5} {'SSIM':>7} {'vs ' + reference:>14} {'ms/step':>8} "
+          f"{'splats':>8} {'n':>2}")  # fmt: skip
     for lane, row in table.items():
-        p, s, d = row["psnr"], row["ssim"], row["psnr_minus_reference"]
+        p, s, d, ms, n = row["psnr"], row["ssim"], row["psnr_minus_reference"], row["step_ms"], row["splats"]
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
         print(f"{lane:<14} {fmt(p['mean'], '9.2f')} {fmt(p['std'], '5.2f')} {fmt(s['mean'], '7.4f')} "
-              f"{fmt(d['mean'], '+8.2f')} ±{fmt(d['std'], '4.2f')} {p['n']:>2}")  # fmt: skip
+              f"{fmt(d['mean'], '+8.2f')} ±{fmt(d['std'], '4.2f')} {fmt(ms['mean'], '8.2f')} "
+              f"{fmt(n['mean'], '8.0f')} {p['n']:>2}")  # fmt: skip
 
 
 if __name__ == "__main__":
