@@ -3,6 +3,8 @@
 # to $OUT, so a later call can carry it back: put it in .build-cache/ext/ and carry .build-cache), run
 # tests/test_fused_backend.py, then benchmarks/fused_kernel.py (timings, errors, DRAM bytes with ncu when present).
 # Files in $OUT: build.log, bytesplat_cuda_<hash>.so, pytest.log, bench.log, fused_kernel.json.
+# GPU_TESTS: the test files to run (default tests/test_fused_backend.py); FUSED_ARGS: more options of
+# fused_kernel.py (e.g. --blocks-per-sm 3 4); SKIP_NCU=1: no DRAM bytes (saves ~2 min).
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
@@ -29,13 +31,13 @@ so=$(ls "$BYTESPLAT_EXT_DIR"/bytesplat_cuda_*.so "$BYTESPLAT_EXT_DIR"/bytesplat_
 [ -n "$so" ] && cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
 echo "build: $(( $(date +%s) - start )) s"
 
-python3 -m pytest -p no:cacheprovider -q -rs tests/test_fused_backend.py > "$OUT/pytest.log" 2>&1
+python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS:-tests/test_fused_backend.py} > "$OUT/pytest.log" 2>&1
 tail -15 "$OUT/pytest.log"
 echo "tests done: $(( $(date +%s) - start )) s"
 
 ncu_flag=""
 command -v ncu > /dev/null && [ -z "${SKIP_NCU:-}" ] && ncu_flag="--ncu"
-python3 benchmarks/fused_kernel.py --json "$OUT/fused_kernel.json" $ncu_flag ${LEGO_CKPT:+--lego-ckpt "$LEGO_CKPT"} \
+python3 benchmarks/fused_kernel.py --json "$OUT/fused_kernel.json" $ncu_flag ${FUSED_ARGS:-} ${LEGO_CKPT:+--lego-ckpt "$LEGO_CKPT"} \
   > "$OUT/bench.log" 2>&1
 echo "bench done: $(( $(date +%s) - start )) s"
-tail -14 "$OUT/bench.log"
+tail -24 "$OUT/bench.log"

@@ -108,7 +108,10 @@ class Bench:
     def leaves(self):
         return [t.clone().requires_grad_(True) for t in (self.means2d, self.conics, self.colors, self.opacities)]
 
-    def step(self, variant: str):
+    def step(self, variant: str, capacity: int | None = None):
+        """One forward+backward of `variant`; `capacity`: the fused kernel's on-chip splats per tile (default: the
+        renderer's, from ops.BLOCKS_PER_SM)."""
+        capacity = capacity or self.capacity
         m, c, col, o = leaves = self.leaves()
         if variant == "gsplat":
             from gsplat.cuda._wrapper import rasterize_to_pixels
@@ -118,11 +121,11 @@ class Bench:
             render, alpha = render[0], alpha[0]
             loss = ((render + (1 - alpha) * self.bg).clamp(0, 1) - self.gt).abs().mean()
         elif variant == "fused_autograd":
-            render, alpha = ops.rasterize_pixels(m, c, col, o, self.tiles, self.w, self.h, self.capacity, absgrad=True)
+            render, alpha = ops.rasterize_pixels(m, c, col, o, self.tiles, self.w, self.h, capacity, absgrad=True)
             loss = ((render + (1 - alpha) * self.bg).clamp(0, 1) - self.gt).abs().mean()
         else:
             weights = FusedLoss(l1=1.0, ssim=0.0) if variant == "fused_l1" else FusedLoss()
-            loss, _, _ = fused_loss_raster(m, c, col, o, self.tiles, self.gt, self.bg, weights, self.capacity,
+            loss, _, _ = fused_loss_raster(m, c, col, o, self.tiles, self.gt, self.bg, weights, capacity,
                                            absgrad=True)  # fmt: skip
         loss.backward()
         return loss, [leaf.grad for leaf in leaves] + [m.absgrad]
@@ -193,6 +196,13 @@ def main() -> None:
     parser.add_argument("--lego-ckpt", default=None, help="a trained lego .ckpt (else a synthetic lego-like scene)")
     parser.add_argument("--scenes", nargs="+", default=list(SCENES))
     parser.add_argument("--ncu", action="store_true", help="also measure DRAM bytes with Nsight Compute")
+    parser.add_argument(
+        "--blocks-per-sm",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the fused kernel with the on-chip capacity of this many blocks per SM",
+    )
     parser.add_argument("--ncu-child", nargs=2, metavar=("SCENE", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -213,6 +223,12 @@ def main() -> None:
         bench = Bench(*scene_for(name, args.lego_ckpt))
         row = dict(bench.stats)
         row["ms"] = {v: median_ms(lambda v=v, b=bench: b.step(v)) for v in VARIANTS}
+        row["ms_by_blocks_per_sm"] = {}
+        for blocks in args.blocks_per_sm:
+            capacity = ops.fused_capacity(torch.device("cuda"), 3, blocks)
+            row["ms_by_blocks_per_sm"][blocks] = {"capacity": capacity} | {
+                v: median_ms(lambda v=v, b=bench, c=capacity: b.step(v, c)) for v in ("fused_autograd", "fused_l1")
+            }
         row.update(errors(bench))
         if args.ncu:
             row["dram_bytes"] = {v: ncu_bytes(name, v, args.lego_ckpt) for v in NCU_VARIANTS}
@@ -248,6 +264,12 @@ def main() -> None:
             dram = (r.get("dram_bytes") or {}).get(v)
             mb = f"{dram / 1e6:9.1f}" if dram else f"{'-':>9}"
             print(f"{name:6} {v:15} {r['ms'][v]:8.3f} {r['ms']['gsplat'] / r['ms'][v]:9.2f} {mb}")
+        for blocks, t in r["ms_by_blocks_per_sm"].items():
+            for v in ("fused_autograd", "fused_l1"):
+                print(
+                    f"{name:6} {v + '@' + str(blocks):15} {t[v]:8.3f} {r['ms']['gsplat'] / t[v]:9.2f} "
+                    f"{'-':>9}  (capacity {t['capacity']})"
+                )
         print(f"{name:6} pruned {r['pruned']} entries (capacity {r['capacity']}, max/tile {r['max_per_tile']})")
     print(f"max |image err| {results['max_abs_err_image']:.3g}, max rel grad err {results['max_rel_err_grad']:.3g}")
     print(f"wrote {args.json}")

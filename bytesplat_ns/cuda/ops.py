@@ -52,10 +52,15 @@ def _capacity(device_index: int, channels: int, blocks_per_sm: int) -> int:
         return int(ext().fused_capacity(channels, blocks_per_sm))
 
 
+def fused_capacity(device: torch.device, channels: int, blocks_per_sm: int) -> int:
+    """Splats per tile that fit on-chip when `blocks_per_sm` fused-kernel blocks share an SM's shared memory."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capacity(index, channels, blocks_per_sm)
+
+
 def tile_capacity(device: torch.device, channels: int) -> int:
     """Splats per tile that the fused kernel holds on-chip, from the device's shared memory (read at run time)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _capacity(index, channels, BLOCKS_PER_SM)
+    return fused_capacity(device, channels, BLOCKS_PER_SM)
 
 
 @dataclass

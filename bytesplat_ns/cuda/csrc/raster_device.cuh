@@ -14,13 +14,14 @@ constexpr float kTransmitMin = 1e-4f;       // a pixel stops before the splat ta
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Alpha that a splat offers the pixel centre (px, py); 0 when gsplat's rules skip it there.
-// dx, dy (centre minus pixel) and vis = exp(-sigma) are returned for the backward pass.
+// dx, dy (centre minus pixel) and vis = exp(-sigma) are returned for the backward pass. The fast exp (__expf,
+// relative error ~1e-6 here) is gsplat's: it builds with --use_fast_math.
 __device__ __forceinline__ float splat_alpha(float2 xy, float3 con, float opac, float px, float py, float& dx,
                                              float& dy, float& vis) {
   dx = xy.x - px;
   dy = xy.y - py;
   const float sigma = 0.5f * (con.x * dx * dx + con.z * dy * dy) + con.y * dx * dy;
-  vis = expf(-sigma);
+  vis = __expf(-sigma);
   const float alpha = fminf(kAlphaMax, opac * vis);
   return (sigma < 0.f || alpha < kAlphaMin) ? 0.f : alpha;
 }
@@ -89,6 +90,40 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
+}
+
+// One reduce-scatter step: lanes that differ in `bit` swap halves of a[0, 2N) and each keeps the sum of one half
+// in a[0, N) (the lane with `bit` set keeps the upper half).
+template <int N>
+__device__ __forceinline__ void fold_halves(float* a, int lane, int bit) {
+  const bool upper = (lane & bit) != 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float send = upper ? a[i] : a[i + N];
+    const float keep = upper ? a[i + N] : a[i];
+    a[i] = keep + __shfl_xor_sync(kFullMask, send, bit);
+  }
+}
+
+// Sums each of K <= 16 values over the warp with 16 shuffles (K warp_sums take 5 K): a reduce-scatter over lane
+// bits 16, 8, 4, 2, then one exchange over bit 1. Returns the warp's sum of value scattered_index(lane), the same
+// on lanes l and l ^ 1; lanes whose index is >= K return 0.
+template <int K>
+__device__ __forceinline__ float warp_sum_scattered(const float (&v)[K], int lane) {
+  static_assert(K <= 16, "at most 16 values");
+  float a[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) a[i] = i < K ? v[i] : 0.f;
+  fold_halves<8>(a, lane, 16);
+  fold_halves<4>(a, lane, 8);
+  fold_halves<2>(a, lane, 4);
+  fold_halves<1>(a, lane, 2);
+  return a[0] + __shfl_xor_sync(kFullMask, a[0], 1);
+}
+
+// Which value warp_sum_scattered leaves on `lane`: lane bits 16, 8, 4, 2 select halves of 8, 4, 2, 1.
+__device__ __forceinline__ int scattered_index(int lane) {
+  return ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
 }
 
 __device__ __forceinline__ int warp_max(int v) {

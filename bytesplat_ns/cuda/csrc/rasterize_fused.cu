@@ -7,7 +7,8 @@
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
 //  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
-//     transmittance as T / (1 - alpha). Per-splat gradients are summed over a warp with shuffles, written per
+//     transmittance as T / (1 - alpha). Per-splat gradients are summed over a warp with shuffles (a
+//     reduce-scatter: 16 shuffles for all quantities, each lane pair ends with one sum), written per
 //     warp to shared memory for batches of kRedBatch splats, summed over the warps and added to device memory
 //     with one atomicAdd per splat and quantity: at most one global update per splat per tile.
 #include "raster_device.cuh"
@@ -18,6 +19,7 @@ namespace {
 
 constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together
 constexpr int kMiscBytes = 64;
+constexpr int kMinBlocksPerSm = 4;  // register budget: at most 64 per thread, so registers allow 4 blocks per SM
 
 // Gradient slots per splat: means2d (2), |means2d| (2), conic (3), colour (CDIM), opacity (1).
 template <int CDIM>
@@ -69,7 +71,7 @@ __device__ __forceinline__ float pixel_loss_grad(const PixelGradSource& s, int i
 }
 
 template <int CDIM, bool kLoss>
-__global__ void __launch_bounds__(kBlock) fused_kernel(const FusedParams p) {
+__global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const FusedParams p) {
   static_assert(!kLoss || CDIM == 3, "the in-kernel loss is defined on RGB");
   using S = Slots<CDIM>;
   constexpr int kQ = S::kCount;
@@ -221,15 +223,10 @@ __global__ void __launch_bounds__(kBlock) fused_kernel(const FusedParams p) {
             }
           }
         }
-        float* slot = red + (warp * kRedBatch + s) * kQ;
-        if (__any_sync(kFullMask, active)) {
-#pragma unroll
-          for (int q = 0; q < kQ; ++q) g[q] = warp_sum(g[q]);
-        }
-        if (lane == 0) {
-#pragma unroll
-          for (int q = 0; q < kQ; ++q) slot[q] = g[q];
-        }
+        // The warp's sum of each quantity, one quantity per lane pair, into this warp's slot.
+        const float sum = __any_sync(kFullMask, active) ? warp_sum_scattered<kQ>(g, lane) : 0.f;
+        const int q = scattered_index(lane);
+        if ((lane & 1) == 0 && q < kQ) red[(warp * kRedBatch + s) * kQ + q] = sum;
       }
       __syncthreads();
       for (int e = static_cast<int>(threadIdx.x); e < nb * kQ; e += kBlock) {
