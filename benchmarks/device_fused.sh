@@ -26,8 +26,7 @@ cuda = torch.device("cuda")
 print("on-chip capacity: rgb", ops.tile_capacity(cuda, 3), "rgb+depth", ops.tile_capacity(cuda, 4))
 PY
 tail -2 "$OUT/build.log"
-so=$(ls "$BYTESPLAT_EXT_DIR"/bytesplat_cuda_*.so "$BYTESPLAT_EXT_DIR"/bytesplat_cuda_*/bytesplat_cuda_*.so \
-  2>/dev/null | head -1)
+so=$(python3 -c "from bytesplat_ns.cuda import build; print(build.prebuilt_path(build.module_name()) or '')")
 [ -n "$so" ] && cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
 echo "build: $(( $(date +%s) - start )) s"
 

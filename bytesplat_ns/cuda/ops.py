@@ -16,7 +16,7 @@ from torch import Tensor
 from bytesplat_ns.cuda import build
 
 TILE_SIZE = 16
-BLOCKS_PER_SM = 2
+BLOCKS_PER_SM = 4
 """Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory."""
 
 

@@ -3,11 +3,13 @@
 //  1. Forward: the tile's depth-ordered splats are loaded into shared memory (one chunk of up to `capacity`
 //     splats; longer lists, possible only with pruning off, go in several chunks), kBlock at a time, and
 //     composited front to back with gsplat's cut-offs; loading stops once every pixel of the tile is saturated.
-//     Each thread keeps T_final, its last contributing index and its colour in registers.
+//     Each thread keeps T_final, its last contributing index and its colour in registers; each warp records in
+//     shared memory which cached splats contributed to any of its 32 pixels (one bit per splat).
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
 //  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
-//     transmittance as T / (1 - alpha). Per-splat gradients are summed over a warp with shuffles (a
+//     transmittance as T / (1 - alpha). A warp skips the splats its bits say none of its pixels used (in the
+//     chunk still resident; a reloaded chunk is walked in full). Per-splat gradients are summed over a warp with shuffles (a
 //     reduce-scatter: 16 shuffles for all quantities, each lane pair ends with one sum), written per
 //     warp to shared memory for batches of kRedBatch splats, summed over the warps and added to device memory
 //     with one atomicAdd per splat and quantity: at most one global update per splat per tile.
@@ -30,6 +32,15 @@ struct Slots {
 template <int CDIM>
 __host__ __device__ constexpr int fixed_bytes() {
   return (kWarps * kRedBatch * Slots<CDIM>::kCount * 4 + kMiscBytes + 15) / 16 * 16;
+}
+
+// Per-warp contribution bits of a chunk of `capacity` splats: [kWarps][words_per_warp].
+__host__ __device__ constexpr int mask_words(int capacity) { return (capacity + 31) / 32; }
+
+template <int CDIM>
+__host__ __device__ constexpr size_t smem_bytes(int capacity) {
+  return static_cast<size_t>(fixed_bytes<CDIM>()) + static_cast<size_t>(SplatCache<CDIM>::kBytesPerSplat) * capacity +
+         sizeof(uint32_t) * kWarps * mask_words(capacity);
 }
 
 template <int CDIM>
@@ -84,6 +95,9 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
   const int tile = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
+  uint32_t* used_bits = reinterpret_cast<uint32_t*>(  // this warp's contribution bits
+                           smem + fixed_bytes<CDIM>() + SplatCache<CDIM>::kBytesPerSplat * p.capacity) +
+                       warp * mask_words(p.capacity);
   const PixelCoord pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
@@ -115,10 +129,29 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
       cache.load(p.splats, p.tiles.ids, first + off + b, nb, b);
       resident = k;
       __syncthreads();
-      for (int j = b; j < b + nb && !done; ++j) {
-        const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
-        if (s == Step::kStop) done = true;
-        if (s == Step::kUsed) last = off + j;
+      // The warp walks the batch together (so that it can vote) until its pixels are all saturated; bit j of
+      // used_bits: splat j contributed to a pixel of this warp. Words past the walk stay unwritten: the backward
+      // reads none past the tile's last used splat.
+      uint32_t word = 0;
+      for (int j = b; j < b + nb; ++j) {
+        if (__all_sync(kFullMask, done)) {
+          if (lane == 0 && (j & 31) != 0) used_bits[j >> 5] = word;
+          break;
+        }
+        bool used = false;
+        if (!done) {
+          const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
+          if (s == Step::kStop) done = true;
+          if (s == Step::kUsed) {
+            last = off + j;
+            used = true;
+          }
+        }
+        if (__any_sync(kFullMask, used)) word |= 1u << (j & 31);
+        if ((j & 31) == 31 || j == b + nb - 1) {
+          if (lane == 0) used_bits[j >> 5] = word;
+          word = 0;
+        }
       }
     }
   }
@@ -171,6 +204,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
   float acc[CDIM];  // sum of weight * colour over the splats behind the current one
 #pragma unroll
   for (int d = 0; d < CDIM; ++d) acc[d] = 0.f;
+  bool bits_valid = true;
   for (int k = block_last / cap; k >= 0; --k) {
     const int off = k * cap;
     const int len = min(cap, count - off);
@@ -178,6 +212,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
       __syncthreads();
       cache.load(p.splats, p.tiles.ids, first + off, len);
       resident = k;
+      bits_valid = false;  // the forward's bits were for another chunk
       __syncthreads();
     }
     for (int hi = min(block_last - off, len - 1); hi >= 0; hi -= kRedBatch) {
@@ -188,7 +223,8 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
 #pragma unroll
         for (int q = 0; q < kQ; ++q) g[q] = 0.f;
         bool active = false;
-        if (off + j <= last) {
+        const bool warp_used = !bits_valid || ((used_bits[j >> 5] >> (j & 31)) & 1u);  // warp-uniform
+        if (warp_used && off + j <= last) {
           float dx, dy, vis;
           const float opac = cache.opac[j];
           const float3 con = cache.con[j];
@@ -244,7 +280,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
 
 template <int CDIM, bool kLoss>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
-  const size_t bytes = fused_smem_bytes(CDIM, p.capacity);
+  const size_t bytes = smem_bytes<CDIM>(p.capacity);
   cudaError_t err = cudaFuncSetAttribute(fused_kernel<CDIM, kLoss>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
@@ -256,9 +292,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace
 
 size_t fused_smem_bytes(int cdim, int capacity) {
-  const int fixed = cdim == 3 ? fixed_bytes<3>() : fixed_bytes<4>();
-  const int per_splat = cdim == 3 ? SplatCache<3>::kBytesPerSplat : SplatCache<4>::kBytesPerSplat;
-  return static_cast<size_t>(fixed) + static_cast<size_t>(per_splat) * static_cast<size_t>(capacity);
+  return cdim == 3 ? smem_bytes<3>(capacity) : smem_bytes<4>(capacity);
 }
 
 int fused_tile_capacity(int cdim, int blocks_per_sm, int device) {
@@ -271,9 +305,11 @@ int fused_tile_capacity(int cdim, int blocks_per_sm, int device) {
   const int share = per_sm / (blocks_per_sm > 0 ? blocks_per_sm : 1) - reserved;
   const int budget = share < per_block ? share : per_block;
   const size_t fixed = fused_smem_bytes(cdim, 0);
-  const size_t per_splat = fused_smem_bytes(cdim, 1) - fixed;
   if (budget <= static_cast<int>(fixed)) return 0;
-  return static_cast<int>((static_cast<size_t>(budget) - fixed) / per_splat);
+  const int cache_bytes = cdim == 3 ? SplatCache<3>::kBytesPerSplat : SplatCache<4>::kBytesPerSplat;
+  int capacity = static_cast<int>((static_cast<size_t>(budget) - fixed) / cache_bytes);  // bits left out: a bound
+  while (capacity > 0 && fused_smem_bytes(cdim, capacity) > static_cast<size_t>(budget)) --capacity;
+  return capacity;
 }
 
 cudaError_t launch_rasterize_fused(const FusedParams& p, int cdim, cudaStream_t stream) {
