@@ -129,15 +129,12 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
       cache.load(p.splats, p.tiles.ids, first + off + b, nb, b);
       resident = k;
       __syncthreads();
-      // The warp walks the batch together (so that it can vote) until its pixels are all saturated; bit j of
-      // used_bits: splat j contributed to a pixel of this warp. Words past the walk stay unwritten: the backward
-      // reads none past the tile's last used splat.
+      // The warp walks the batch together (so that it can vote), a word of 32 splats at a time, until its pixels
+      // are all saturated; bit j of used_bits: splat j contributed to a pixel of this warp. Words past the walk
+      // stay unwritten: no pixel of the warp uses a splat there, and the backward skips it by `last` alone.
       uint32_t word = 0;
       for (int j = b; j < b + nb; ++j) {
-        if (__all_sync(kFullMask, done)) {
-          if (lane == 0 && (j & 31) != 0) used_bits[j >> 5] = word;
-          break;
-        }
+        if ((j & 31) == 0 && __all_sync(kFullMask, done)) break;
         bool used = false;
         if (!done) {
           const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
@@ -231,7 +228,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
           const float alpha = splat_alpha(cache.xy[j], con, opac, px, py, dx, dy, vis);
           if (alpha > 0.f) {
             active = true;
-            const float ra = 1.f / (1.f - alpha);
+            const float ra = __fdividef(1.f, 1.f - alpha);  // fast reciprocal, as gsplat's fast math
             T *= ra;  // transmittance in front of splat j
             const float fac = alpha * T;
             float v_alpha = 0.f;
