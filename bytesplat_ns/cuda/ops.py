@@ -17,7 +17,9 @@ from bytesplat_ns.cuda import build
 
 TILE_SIZE = 16
 BLOCKS_PER_SM = 4
-"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory."""
+"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory. 4: the kernel's
+registers allow 4, and on the H200 it ran faster than with 2 or 3 on both benchmark scenes (benchmarks/RESULTS.md,
+sixth session; 6 and 8 within a few percent)."""
 
 
 @dataclass
