@@ -225,7 +225,7 @@ def main() -> None:
         row["ms"] = {v: median_ms(lambda v=v, b=bench: b.step(v)) for v in VARIANTS}
         row["ms_by_blocks_per_sm"] = {}
         for blocks in args.blocks_per_sm:
-            capacity = ops.fused_capacity(torch.device("cuda"), 3, blocks)
+            capacity = ops.tile_capacity(torch.device("cuda"), 3, blocks)
             row["ms_by_blocks_per_sm"][blocks] = {"capacity": capacity} | {
                 v: median_ms(lambda v=v, b=bench, c=capacity: b.step(v, c)) for v in ("fused_autograd", "fused_l1")
             }

@@ -17,9 +17,10 @@ from bytesplat_ns.cuda import build
 
 TILE_SIZE = 16
 BLOCKS_PER_SM = 4
-"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory. 4: the kernel's
-registers allow 4, and on the H200 it ran faster than with 2 or 3 on both benchmark scenes (benchmarks/RESULTS.md,
-sixth session; 6 and 8 within a few percent)."""
+"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory. 4 is what the
+kernel's register budget allows (kMinBlocksPerSm in csrc/rasterize_fused.cu: keep the two equal); on the H200 it
+ran faster than 2 or 3 on both benchmark scenes (benchmarks/RESULTS.md, sixth session). More would only shrink the
+capacity: registers keep at most 4 blocks on an SM."""
 
 
 @dataclass
@@ -54,15 +55,11 @@ def _capacity(device_index: int, channels: int, blocks_per_sm: int) -> int:
         return int(ext().fused_capacity(channels, blocks_per_sm))
 
 
-def fused_capacity(device: torch.device, channels: int, blocks_per_sm: int) -> int:
-    """Splats per tile that fit on-chip when `blocks_per_sm` fused-kernel blocks share an SM's shared memory."""
+def tile_capacity(device: torch.device, channels: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    """Splats per tile that the fused kernel holds on-chip, from the device's shared memory (read at run time) when
+    `blocks_per_sm` blocks share an SM."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capacity(index, channels, blocks_per_sm)
-
-
-def tile_capacity(device: torch.device, channels: int) -> int:
-    """Splats per tile that the fused kernel holds on-chip, from the device's shared memory (read at run time)."""
-    return fused_capacity(device, channels, BLOCKS_PER_SM)
 
 
 @dataclass
