@@ -9,10 +9,10 @@
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
 //  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
 //     transmittance as T / (1 - alpha). A warp skips the splats its bits say none of its pixels used (in the
-//     chunk still resident; a reloaded chunk is walked in full). Per-splat gradients are summed over a warp with shuffles (a
-//     reduce-scatter: 16 shuffles for all quantities, each lane pair ends with one sum), written per
-//     warp to shared memory for batches of kRedBatch splats, summed over the warps and added to device memory
-//     with one atomicAdd per splat and quantity: at most one global update per splat per tile.
+//     chunk still resident; a reloaded chunk is walked in full). Per-splat gradients are summed over a warp
+//     with shuffles (a reduce-scatter: 16 shuffles for all quantities, each lane pair ends with one sum),
+//     written per warp to shared memory for batches of kRedBatch splats, summed over the warps and added to
+//     device memory with one atomicAdd per splat and quantity: at most one global update per splat per tile.
 #include "raster_device.cuh"
 #include "rasterize_fused.h"
 
@@ -37,10 +37,15 @@ __host__ __device__ constexpr int fixed_bytes() {
 // Per-warp contribution bits of a chunk of `capacity` splats: [kWarps][words_per_warp].
 __host__ __device__ constexpr int mask_words(int capacity) { return (capacity + 31) / 32; }
 
+// Shared memory layout: the fixed part, the splat cache, then the contribution bits.
+template <int CDIM>
+__host__ __device__ constexpr size_t bits_offset(int capacity) {
+  return static_cast<size_t>(fixed_bytes<CDIM>()) + static_cast<size_t>(SplatCache<CDIM>::kBytesPerSplat) * capacity;
+}
+
 template <int CDIM>
 __host__ __device__ constexpr size_t smem_bytes(int capacity) {
-  return static_cast<size_t>(fixed_bytes<CDIM>()) + static_cast<size_t>(SplatCache<CDIM>::kBytesPerSplat) * capacity +
-         sizeof(uint32_t) * kWarps * mask_words(capacity);
+  return bits_offset<CDIM>(capacity) + sizeof(uint32_t) * kWarps * mask_words(capacity);
 }
 
 template <int CDIM>
@@ -95,9 +100,8 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
   const int tile = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  uint32_t* used_bits = reinterpret_cast<uint32_t*>(  // this warp's contribution bits
-                           smem + fixed_bytes<CDIM>() + SplatCache<CDIM>::kBytesPerSplat * p.capacity) +
-                       warp * mask_words(p.capacity);
+  uint32_t* used_bits =  // this warp's contribution bits
+      reinterpret_cast<uint32_t*>(smem + bits_offset<CDIM>(p.capacity)) + warp * mask_words(p.capacity);
   const PixelCoord pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
