@@ -7,7 +7,8 @@ rasterization with an L1 loss against a random target, each variant timed with C
   gsplat          rasterize_to_pixels forward, torch loss, autograd backward (absgrad on)
   fused_autograd  our forward kernel, torch loss, our fused backward kernel through autograd
   fused_l1        our fused kernel with the L1 loss formed on-chip: one launch (the headline)
-  fused_ssim      splatfacto's 0.8 L1 + 0.2 D-SSIM through fused_loss_raster (render, SSIM in torch, fused pass)
+  fused_ssim      splatfacto's 0.8 L1 + 0.2 D-SSIM through fused_loss_raster (render, the SSIM kernels as in
+                  training, fused pass)
 plus tile binning's pruning (capacity, entries pruned). --ncu reruns each variant under Nsight Compute
 (--clock-control none) and sums dram__bytes_read.sum + dram__bytes_write.sum over the step's kernels.
 Writes --json (benchmarks/results/fused_kernel.json) and prints a table.
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bytesplat_ns.cuda import ops  # noqa: E402
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_raster, prepare  # noqa: E402
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, Splats  # noqa: E402
+from bytesplat_ns.ssim import SSIMTerm  # noqa: E402
 
 VARIANTS = ("gsplat", "fused_autograd", "fused_l1", "fused_ssim")
 SCENES = {"lego": (300_000, 800, 800), "wide": (2_200_000, 1920, 1080)}
@@ -124,7 +126,7 @@ class Bench:
             render, alpha = ops.rasterize_pixels(m, c, col, o, self.tiles, self.w, self.h, capacity, absgrad=True)
             loss = ((render + (1 - alpha) * self.bg).clamp(0, 1) - self.gt).abs().mean()
         else:
-            weights = FusedLoss(l1=1.0, ssim=0.0) if variant == "fused_l1" else FusedLoss()
+            weights = FusedLoss(l1=1.0, ssim=0.0) if variant == "fused_l1" else FusedLoss(ssim_fn=SSIMTerm())
             loss, _, _ = fused_loss_raster(m, c, col, o, self.tiles, self.gt, self.bg, weights, capacity,
                                            absgrad=True)  # fmt: skip
         loss.backward()

@@ -30,6 +30,7 @@ from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats,
 from bytesplat_ns.render.bin_capacity import BinCapacity
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step
 from bytesplat_ns.splat_ply import read_splats
+from bytesplat_ns.ssim import SSIMTerm
 from bytesplat_ns.strategy import ByteSplatStrategy
 
 GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
@@ -52,6 +53,10 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """With --pipeline.model.renderer fused: form the loss's per-pixel gradient inside the fused kernel
     (render/fused_backend.py fused_loss_step) instead of autograd through the rendered image. Training falls
     back to autograd with masks, the bilateral grid or depth output during training."""
+    ssim_kernel: bool = True
+    """On CUDA, the loss's SSIM term through bytesplat's kernels (one launch forward, one backward; built at the
+    first training step, like the fused renderer) instead of pytorch_msssim's tens of launches: same value and
+    gradient (bytesplat_ns/ssim.py). False: pytorch_msssim, as splatfacto (no nvcc needed)."""
     prune_on_chip: bool = False
     """With --pipeline.model.renderer fused: a tile with more splats than fit in on-chip memory keeps those that
     contribute most there (shared-memory-aware pruning) instead of compositing long tiles in chunks. Off: on lego
@@ -101,7 +106,8 @@ class ByteSplatModel(SplatfactoModel):
         from torchmetrics.image import PeakSignalNoiseRatio
 
         self.psnr = PeakSignalNoiseRatio(data_range=1.0)
-        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
+        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)  # eval metric
+        self.ssim_term = SSIMTerm(kernel=self.config.ssim_kernel)  # training loss
         self.lpips = lpips_if_weights_on_disk()
         self.step = 0
         self.crop_box = None
@@ -298,7 +304,7 @@ class ByteSplatModel(SplatfactoModel):
         """Render, form splatfacto's loss and the rasterizer's gradients in the fused kernel (fused_backend.py)."""
         gt = self._target(batch, opts.background)
         lam = self.config.ssim_lambda
-        loss = FusedLoss(l1=1.0 - lam, ssim=lam, ssim_fn=self._ssim_on(gt.device))
+        loss = FusedLoss(l1=1.0 - lam, ssim=lam, ssim_fn=self.ssim_term)
         fused = fused_loss_step(self.splats(), camera, opts, gt, loss, want_image=True)  # the image for the metrics
         self.info = fused.strategy_info()
         self.pruned = fused.pruned
@@ -306,16 +312,9 @@ class ByteSplatModel(SplatfactoModel):
         return {"rgb": fused.rgb, "depth": None, "accumulation": fused.alpha, "background": opts.background,
                 "fused_loss": fused.loss}  # fmt: skip
 
-    def _ssim_on(self, device: torch.device) -> SSIM:
-        """Splatfacto's SSIM module, its window moved to `device` once (pytorch_msssim keeps it as a plain CPU
-        attribute, which module.to() does not move: a host copy per call)."""
-        if self.ssim.win.device != device:
-            self.ssim.win = self.ssim.win.to(device)
-        return self.ssim
-
     # Splatfacto's training metrics and loss, computed without host syncs: splatfacto's versions copy small
     # tensors from host memory every step (torchmetrics' PSNR, the SSIM window, a zero scale_reg), and each such
-    # copy waits for the GPU.
+    # copy waits for the GPU. The SSIM term is bytesplat_ns/ssim.py's (a CUDA kernel by default).
     def _target(self, batch: dict, background: Tensor) -> Tensor:
         """The ground truth at the current resolution, composited over the background [H, W, 3] (once per batch)."""
         if "bytesplat_target" not in batch:
@@ -346,7 +345,7 @@ class ByteSplatModel(SplatfactoModel):
             main_loss = outputs["fused_loss"]
         else:
             l1 = torch.abs(gt - pred).mean()
-            simloss = 1 - self._ssim_on(gt.device)(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+            simloss = 1 - self.ssim_term(gt, pred)
             main_loss = (1 - self.config.ssim_lambda) * l1 + self.config.ssim_lambda * simloss
         scale_reg = torch.zeros((), device=self.device)
         if self.config.use_scale_regularization and self.step % 10 == 0:

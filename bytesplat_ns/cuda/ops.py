@@ -270,3 +270,31 @@ def unpack_rows(
     scale: float,
 ) -> None:
     ext().unpack_rows(grads, buffer, capacity, scale)
+
+
+def ssim(
+    x: Tensor,  # [H, W, C] float32, H and W >= 11; no gradient
+    y: Tensor,  # [H, W, C] float32
+    poison: bool = False,
+) -> Tensor:
+    """pytorch_msssim's ssim(x, y, data_range=1) of the [1, C, H, W] views, differentiable w.r.t. y: one launch
+    forward, one backward (csrc/ssim.h). -> []"""
+    if x.requires_grad:
+        raise ValueError("The SSIM kernel differentiates w.r.t. its second image only; detach the first.")
+    return _SSIM.apply(x, y, poison)
+
+
+class _SSIM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, poison):
+        x, y = x.detach().contiguous(), y.detach().contiguous()
+        partials, dmaps = ext().ssim_forward(x, y, poison)
+        ctx.save_for_backward(x, y, dmaps)
+        ctx.count, ctx.poison = dmaps[0].numel(), poison  # channels x valid positions: the mean's divisor
+        return partials.sum() / ctx.count
+
+    @staticmethod
+    def backward(ctx, v_ssim):
+        x, y, dmaps = ctx.saved_tensors
+        v_ssim = v_ssim.detach().to(torch.float32).reshape(1).contiguous()
+        return None, ext().ssim_backward(x, y, dmaps, v_ssim, 1.0 / ctx.count, ctx.poison), None

@@ -13,9 +13,10 @@ Two ways in:
       - L1 and L2 terms: formed per pixel inside the fused kernel from the ground-truth tile; for these no
         rendered image, transmittance or last-index buffer goes through device memory (one launch).
       - D-SSIM term: its 11x11 window crosses tile borders, so it is handled in two passes ("a fused
-        SSIM-gradient pass feeding the backward"): the forward kernel renders the image (one image write), torch
-        computes SSIM and its gradient w.r.t. the clamped image with pytorch_msssim (as splatfacto does), and that
-        gradient enters the fused kernel as v_extra [H, W, 3], added on-chip to the L1 gradient. So with SSIM
+        SSIM-gradient pass feeding the backward"): the forward kernel renders the image (one image write), SSIM
+        and its gradient w.r.t. the clamped image come from `FusedLoss.ssim_fn` (in training the model's SSIM
+        term, bytesplat_ns/ssim.py: two kernel launches on CUDA; pytorch_msssim by default), and that gradient
+        enters the fused kernel as v_extra [H, W, 3], added on-chip to the L1 gradient. So with SSIM
         the step costs one extra compositing pass, one image round trip and the SSIM pass; benchmarks/
         fused_kernel.py measures it ("fused_ssim" against "fused_l1").
     It returns the loss as a tensor whose backward hands out the gradients already computed (scaled), so
@@ -53,7 +54,7 @@ class FusedLoss:
     clamp: bool = True
     """Clamp the prediction to [0, 1] before the loss, as the model does."""
     ssim_fn: Callable[[Tensor, Tensor], Tensor] | None = field(default=None, repr=False)
-    """SSIM of (gt, pred) as [1, 3, H, W] images; None: pytorch_msssim's, as splatfacto (data_range 1)."""
+    """SSIM of (gt, pred) as [H, W, 3] images; None: pytorch_msssim's, as splatfacto (data_range 1)."""
 
 
 @dataclass
@@ -206,7 +207,7 @@ def _ssim_gradient(pred: Tensor, gt: Tensor, loss: FusedLoss) -> tuple[Tensor, T
     ssim_fn = loss.ssim_fn if loss.ssim_fn is not None else _default_ssim
     with torch.enable_grad():
         leaf = pred.detach().requires_grad_(True)
-        term = loss.ssim * (1.0 - ssim_fn(gt.permute(2, 0, 1)[None], leaf.permute(2, 0, 1)[None]))
+        term = loss.ssim * (1.0 - ssim_fn(gt, leaf))
         (grad,) = torch.autograd.grad(term, leaf)
     return grad.contiguous(), term.detach()
 
@@ -214,7 +215,7 @@ def _ssim_gradient(pred: Tensor, gt: Tensor, loss: FusedLoss) -> tuple[Tensor, T
 def _default_ssim(x: Tensor, y: Tensor) -> Tensor:
     from pytorch_msssim import ssim
 
-    return ssim(x, y, data_range=1.0, size_average=True)
+    return ssim(x.permute(2, 0, 1)[None], y.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
 
 
 def _check_dtype(splats: Splats) -> None:

@@ -5,9 +5,10 @@
 #include "rasterize_forward.h"
 #include "rasterize_fused.h"
 #include "sparse_rows.h"
+#include "ssim.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows";
+  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows, SSIM";
   m.def("bin_tiles", &bytesplat::bin_tiles, "Tile binning into buffers of a given capacity, no host sync");
   m.def("tile_ranges", &bytesplat::tile_ranges, "Tile list ends, with on-chip pruning of overflowing tiles");
   m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 tile");
@@ -17,4 +18,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_capacity", &bytesplat::fused_capacity, "Splats per tile held on-chip by the fused kernel");
   m.def("pack_rows", &bytesplat::pack_rows, "The exchange's non-zero gradient rows into one buffer");
   m.def("unpack_rows", &bytesplat::unpack_rows, "One rank's exchanged rows, scaled, added into the gradients");
+  m.def("ssim_forward", &bytesplat::ssim_forward, "SSIM per block and its derivatives w.r.t. the moments of y");
+  m.def("ssim_backward", &bytesplat::ssim_backward, "dSSIM/dy from the forward's derivative maps");
 }
