@@ -285,6 +285,9 @@ def main() -> None:
         metavar="GPUS[:EXCHANGE]",
         help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 1x2 (writes OUT/probes.json)",
     )
+    parser.add_argument("--warmup-views", type=int, default=500,
+                        help="lego: one 2-GPU run of this many views first, not recorded (the first run on a fresh "
+                             "machine ran slower in every phase); 0: none")  # fmt: skip
     parser.add_argument("--train-args", type=shlex.split, default=[],
                         help='more ns-train arguments for every lego run, one string: "--pin-cpus False"')  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -318,9 +321,11 @@ def main() -> None:
     record: dict = {"gpu": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}", "room_2m": room}
     if not args.skip_lego:
         runs = earlier["lego_runs"] if earlier else []
-        for seed in args.seeds:
+        if args.warmup_views > 0:
+            train_lego(args.data, args.warmup_views, 2, args.out / "warmup", evaluate=False, extra=args.train_args)
+        for index, seed in enumerate(args.seeds):  # the order alternates: 2 then 1 GPU, 1 then 2, ...
             runs += [train_lego(args.data, args.views, gpus, args.out, extra=args.train_args, seed=seed)
-                     for gpus in (2, 1)]  # fmt: skip
+                     for gpus in ((2, 1) if index % 2 == 0 else (1, 2))]  # fmt: skip
             record.update(lego_summary(runs), lego_runs=runs)
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(record, indent=2) + "\n")  # what is done so far, should a later run fail
