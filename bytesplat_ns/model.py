@@ -60,8 +60,8 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     prune_on_chip: bool = False
     """With --pipeline.model.renderer fused: a tile with more splats than fit in on-chip memory keeps those that
     contribute most there (shared-memory-aware pruning) instead of compositing long tiles in chunks. Off: on lego
-    (7000 steps, H200, one pair) it saved no step time (8.15 vs 7.99 ms) and gave 0.19 dB less held-out PSNR, a
-    gap inside the seed-to-seed spread measured since (benchmarks/RESULTS.md), so neither cost nor gain is shown."""
+    (7000 steps, H200, seeds 42-44) it kept held-out PSNR (+0.03 dB mean against the same runs without it) but
+    saved no step time (benchmarks/RESULTS.md, seventh session)."""
 
 
 class SplatOutOfMemoryError(RuntimeError):

@@ -91,3 +91,18 @@ def test_torch_path_is_pytorch_msssim():
     (grad,) = torch.autograd.grad(value, leaf)
     assert abs(value.item() - expected_value.item()) <= 1e-6
     torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-9)
+
+
+def test_a_missing_build_names_both_fixes(monkeypatch):
+    from bytesplat_ns.cuda import ops
+    from bytesplat_ns.cuda.build import FusedBuildError
+
+    def no_build(*args, **kwargs):
+        raise FusedBuildError("nvcc was not found")
+
+    monkeypatch.setattr(ops, "ssim", no_build)
+    monkeypatch.setattr(SSIMTerm, "uses_kernel", lambda self, image: True)
+    gt, pred = image_pair(20, 20, 3, seed=11, device="cpu")
+    with pytest.raises(FusedBuildError, match="nvcc was not found") as error:
+        SSIMTerm(kernel=True)(gt, pred)
+    assert "--pipeline.model.ssim-kernel False" in str(error.value)
