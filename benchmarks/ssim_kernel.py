@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from bytesplat_ns.ssim import SSIMTerm  # noqa: E402
 from bytesplat_ns.step_profile import LAUNCHES  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fused_kernel import median_ms  # noqa: E402
 
 SIZES = {"lego-800x800": (800, 800), "1920x1080": (1080, 1920)}
 ISSUE_CALLS = 200
@@ -41,19 +43,6 @@ def step(term: SSIMTerm, gt: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
     loss = 0.2 * (1.0 - term(gt, pred))
     (grad,) = torch.autograd.grad(loss, pred)
     return grad
-
-
-def gpu_ms(fn, iters: int = 30) -> float:
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def host_ms(fn) -> float:
@@ -89,7 +78,7 @@ def main() -> None:
             for _ in range(5):
                 fn()
             grads[impl] = fn()
-            row[impl] = {"gpu_ms": gpu_ms(fn), "host_ms": host_ms(fn), "launches": launches(fn)}
+            row[impl] = {"gpu_ms": median_ms(fn, warmup=0, iters=30), "host_ms": host_ms(fn), "launches": launches(fn)}
         value_err = abs(SSIMTerm(kernel=True)(gt, pred).item() - SSIMTerm(kernel=False)(gt, pred).item())
         grad_err = ((grads["kernel"] - grads["torch"]).norm() / grads["torch"].norm()).item()
         row.update(max_abs_err_value=value_err, max_rel_err_grad=grad_err)

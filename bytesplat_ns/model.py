@@ -21,7 +21,6 @@ from nerfstudio.models.splatfacto import (
     num_sh_bases,
     random_quat_tensor,
 )
-from pytorch_msssim import SSIM
 from torch import Tensor
 
 from bytesplat_ns import nerfstudio_patches
@@ -106,8 +105,8 @@ class ByteSplatModel(SplatfactoModel):
         from torchmetrics.image import PeakSignalNoiseRatio
 
         self.psnr = PeakSignalNoiseRatio(data_range=1.0)
-        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)  # eval metric
         self.ssim_term = SSIMTerm(kernel=self.config.ssim_kernel)  # training loss
+        self.ssim = self.ssim_term.module  # eval metric: pytorch_msssim's module, as splatfacto
         self.lpips = lpips_if_weights_on_disk()
         self.step = 0
         self.crop_box = None
