@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine, after `source .device-kit/on-device.sh`: build the fused kernels once (the .so goes
-# to $OUT, so a later call can carry it back: put it in .build-cache/ext/ and carry .build-cache), run
+# One call on the GPU machine, after `source .device-kit/on-device.sh`: build the fused kernels once
+# (device_build.sh: the .so goes to $OUT, so a later call can carry it back), run
 # tests/test_fused_backend.py, then benchmarks/ssim_kernel.py (the SSIM term: kernel vs pytorch_msssim) and
 # benchmarks/fused_kernel.py (timings, errors, DRAM bytes with ncu when present).
 # Files in $OUT: build.log, bytesplat_cuda_<hash>.so, pytest.log, ssim_kernel.json, bench.log, fused_kernel.json.
@@ -9,27 +9,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
-export MAX_JOBS=12 TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
-export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext}
 nvidia-smi -L
-
 start=$(date +%s)
-python3 - > "$OUT/build.log" 2>&1 <<'PY'
-import time
-
-from bytesplat_ns.cuda import build, ops
-import torch
-
-t = time.time()
-build.load()
-print(f"{build.module_name()} ready in {time.time() - t:.1f} s (prebuilt: {build.prebuilt_path(build.module_name())})")
-cuda = torch.device("cuda")
-print("on-chip capacity: rgb", ops.tile_capacity(cuda, 3), "rgb+depth", ops.tile_capacity(cuda, 4))
-PY
-tail -2 "$OUT/build.log"
-so=$(python3 -c "from bytesplat_ns.cuda import build; print(build.prebuilt_path(build.module_name()) or '')")
-[ -n "$so" ] && cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
-echo "build: $(( $(date +%s) - start )) s"
+source benchmarks/device_build.sh
 
 python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS:-tests/test_fused_backend.py} > "$OUT/pytest.log" 2>&1
 tail -15 "$OUT/pytest.log"

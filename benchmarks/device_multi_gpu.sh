@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
-# One call on the 2-GPU machine (after `source .device-kit/on-device.sh`): the multi-GPU benchmark of issue #4
-# (2M-splat room exchange, then lego on 2 GPUs and on 1 GPU with the same views). Logs and JSON go to $OUT.
-# MULTI_GPU_ARGS: more options of multi_gpu.py (e.g. --seeds 42 43); TRAIN_ARGS: ns-train options for the lego runs.
+# One call on the 2-GPU machine (after `source .device-kit/on-device.sh`), issue #4: build the CUDA extension
+# (device_build.sh), run GPU_TESTS, time the exchange's host work (exchange_host.py), then either
+# PROBES (short lego runs without evaluation, once per renderer in RENDERERS: `PROBES="1 2:compact"
+# RENDERERS="gsplat fused"`) or the benchmark (2M-splat room exchange, then lego on 2 GPUs and on 1 GPU with the
+# same views). Logs and JSON go to $OUT.
+# MULTI_GPU_ARGS: more options of multi_gpu.py (e.g. --seeds 42 43); TRAIN_ARGS: ns-train options for the lego
+# runs; GPU_TESTS="" skips the tests.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
+source benchmarks/device_build.sh
+if [ -n "${GPU_TESTS-tests/test_grad_compaction.py}" ]; then
+  python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS-tests/test_grad_compaction.py} > "$OUT/pytest.log" 2>&1
+  tail -3 "$OUT/pytest.log"
+fi
+python3 benchmarks/exchange_host.py --json "$OUT/exchange_host.json" 2>&1 | tail -22
+if [ -n "${PROBES:-}" ]; then
+  for renderer in ${RENDERERS:-auto}; do
+    python3 benchmarks/multi_gpu.py --data .device-kit/data/lego --views "${LEGO_VIEWS:-3000}" --out "/tmp/probe-$renderer" \
+      --probe $PROBES --train-args "--pipeline.model.renderer $renderer ${TRAIN_ARGS:-}" 2>&1 | tail -6
+    cp "/tmp/probe-$renderer/probes.json" "$OUT/probes_$renderer.json"
+  done
+  exit 0
+fi
 python3 benchmarks/multi_gpu.py --data .device-kit/data/lego --views "${LEGO_VIEWS:-7000}" \
   --json "$OUT/multi_gpu.json" ${MULTI_GPU_ARGS:-} ${TRAIN_ARGS:+--train-args "$TRAIN_ARGS"} \
   > "$OUT/multi_gpu.log" 2>&1

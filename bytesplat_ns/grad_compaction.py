@@ -97,15 +97,12 @@ class SparseRowExchange:
         gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
-        slots = self._slots(buffer.dtype)
-        self._headers = LateRead(gathered[:, 0, : 2 * slots].contiguous().view(torch.int32))  # [W, 2]
-        self._last_rows = num_rows
-        if kernels:
-            torch._foreach_zero_(grads)
-            for rank in range(world):  # in rank order: the same sums on every rank
-                ops.unpack_rows(grads, gathered[rank], self.capacity, 1.0 / world)
+        if kernels:  # one call: zero, add every rank's rows in rank order, the headers [W, 2]
+            headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
         else:
-            self._unpack_torch(grads, gathered, world)
+            headers = self._unpack_torch(grads, gathered, world)
+        self._headers = LateRead(headers)
+        self._last_rows = num_rows
         return ExchangeStats(
             sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
             dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
@@ -147,8 +144,9 @@ class SparseRowExchange:
         self._residual = flat.index_fill_(0, rows, 0)[:num_rows] if capacity < num_rows else None
         return buffer
 
-    def _unpack_torch(self, grads: list[Tensor], gathered: Tensor, world: int) -> None:
-        """grads = the mean of every rank's rows, added in rank order into a zeroed dense [N + 1, D]."""
+    def _unpack_torch(self, grads: list[Tensor], gathered: Tensor, world: int) -> Tensor:
+        """grads = the mean of every rank's rows, added in rank order into a zeroed dense [N + 1, D]. -> the ranks'
+        headers [W, 2] int32."""
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
         slots = self._slots(gathered.dtype)
         dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]
@@ -157,6 +155,7 @@ class SparseRowExchange:
             dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=1.0 / world)
         for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
             grad.copy_(part.reshape(grad.shape))
+        return gathered[:, 0, : 2 * slots].contiguous().view(torch.int32)
 
     def _read_last_headers(self, world: int) -> tuple[list[int], bool]:
         """The previous exchange's notes, and whether it overflowed; its counts go into the capacity window."""

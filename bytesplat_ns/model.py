@@ -28,6 +28,7 @@ from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
 from bytesplat_ns.render.bin_capacity import BinCapacity
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step
+from bytesplat_ns.render.rasterize import resolve_backend
 from bytesplat_ns.splat_ply import read_splats
 from bytesplat_ns.ssim import SSIMTerm
 from bytesplat_ns.strategy import ByteSplatStrategy
@@ -41,7 +42,8 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
 
     _target: type = field(default_factory=lambda: ByteSplatModel)
     renderer: Backend = "auto"
-    """Rasterizer backend: torch (pure-PyTorch reference, any device), gsplat (CUDA), or auto (best available)."""
+    """Rasterizer backend: torch (pure-PyTorch reference, any device), gsplat (gsplat's CUDA rasterizer), fused
+    (bytesplat's fused CUDA kernels, built at the first step), or auto (fused on CUDA, torch on CPU)."""
     max_splats: int = 0
     """Cap on the splat count: after each refine the lowest-opacity splats beyond it are removed (0: no cap)."""
     init_splats: Path | None = None
@@ -49,7 +51,7 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     views_per_step: int = 1
     """Training views per optimizer step (the number of GPUs). Set by the trainer, not on the command line."""
     fused_loss: bool = True
-    """With --pipeline.model.renderer fused: form the loss's per-pixel gradient inside the fused kernel
+    """With the fused renderer (auto on CUDA): form the loss's per-pixel gradient inside the fused kernel
     (render/fused_backend.py fused_loss_step) instead of autograd through the rendered image. Training falls
     back to autograd with masks, the bilateral grid or depth output during training."""
     ssim_kernel: bool = True
@@ -57,7 +59,7 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     first training step, like the fused renderer) instead of pytorch_msssim's tens of launches: same value and
     gradient (bytesplat_ns/ssim.py). False: pytorch_msssim, as splatfacto (no nvcc needed)."""
     prune_on_chip: bool = False
-    """With --pipeline.model.renderer fused: a tile with more splats than fit in on-chip memory keeps those that
+    """With the fused renderer (auto on CUDA): a tile with more splats than fit in on-chip memory keeps those that
     contribute most there (shared-memory-aware pruning) instead of compositing long tiles in chunks. Off: on lego
     (7000 steps, H200, seeds 42-44) it kept held-out PSNR (+0.03 dB mean against the same runs without it) but
     saved no step time (benchmarks/RESULTS.md, seventh session)."""
@@ -287,13 +289,18 @@ class ByteSplatModel(SplatfactoModel):
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
 
+    def renderer(self) -> str:
+        """The configured renderer, auto resolved for the splats' device."""
+        return resolve_backend("auto", self.means.device) if self.config.renderer == "auto" else self.config.renderer
+
     def uses_fused_loss(self, batch: dict) -> bool:
-        """Whether this training batch takes the fused loss path (config.fused_loss, renderer fused)."""
+        """Whether this training batch takes the fused loss path (config.fused_loss, renderer fused or auto on
+        CUDA)."""
         cfg = self.config
         return (
             self.training
             and cfg.fused_loss
-            and cfg.renderer == "fused"
+            and self.renderer() == "fused"
             and "mask" not in batch
             and not cfg.use_bilateral_grid
             and not cfg.output_depth_during_training

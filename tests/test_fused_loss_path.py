@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 
 import pytest
 import torch
@@ -30,6 +31,15 @@ def test_fused_loss_path_is_taken_only_where_it_applies(tmp_path):
         setattr(model.config, name, False)
     model.config.fused_loss = False
     assert not model.uses_fused_loss(batch)
+
+
+def test_auto_is_the_fused_renderer_on_cuda_and_torch_on_cpu(monkeypatch):
+    entry = importlib.import_module("bytesplat_ns.render.rasterize")  # the module (the package exports the function)
+    monkeypatch.setattr(entry, "gsplat_available", lambda: True)
+    assert entry.resolve_backend("auto", torch.device("cuda", 0)) == "fused"
+    assert entry.resolve_backend("auto", torch.device("cpu")) == "torch"
+    monkeypatch.setattr(entry, "gsplat_available", lambda: False)  # fused projects with gsplat's kernels
+    assert entry.resolve_backend("auto", torch.device("cuda", 0)) == "torch"
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:

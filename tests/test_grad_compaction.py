@@ -109,7 +109,8 @@ def test_each_epoch_draws_a_new_order():
 @pytest.mark.parametrize("capacity", [ROWS, 400])  # all rows fit; 400 < the ~833 touched rows: a residual
 def test_pack_unpack_kernels_match_torch(half, capacity):
     """Two ranks' gradients packed by the kernel, then unpacked in rank order, give the mean of the rows sent;
-    the rows that did not fit are exactly the residual, and a pending residual is added in."""
+    the rows that did not fit are exactly the residual, a pending residual is added in, and the unpacking hands
+    back both headers."""
     from bytesplat_ns.cuda import ops
 
     device = torch.device("cuda")
@@ -140,10 +141,9 @@ def test_pack_unpack_kernels_match_torch(half, capacity):
             assert float((kept + residual - flat).norm()) <= tolerance * float(flat.norm())
         sent.append(kept)
         buffers.append(buffer)
-    out = [torch.full_like(g, float("nan")) for g in ranks[0]]
-    torch._foreach_zero_(out)
-    for buffer in buffers:
-        ops.unpack_rows(out, buffer, capacity, 0.5)
+    out = [torch.full_like(g, float("nan")) for g in ranks[0]]  # unpack_rows zeroes them first
+    headers = ops.unpack_rows(out, torch.stack(buffers), capacity, 0.5)
+    assert [note for _, note in headers.tolist()] == [10, 11]
     want = (sent[0] + sent[1]) / 2
     got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)
     assert float((got - want).norm() / want.norm()) <= tolerance

@@ -264,12 +264,14 @@ def pack_rows(
 
 
 def unpack_rows(
-    grads: list[Tensor],  # each [N, ...] float32, contiguous; += scale * the buffer's rows
-    buffer: Tensor,  # one rank's [capacity + 1, slots + D] from pack_rows
+    grads: list[Tensor],  # each [N, ...] float32, contiguous; overwritten
+    gathered: Tensor,  # [W, capacity + 1, slots + D]: every rank's buffer from pack_rows
     capacity: int,
     scale: float,
-) -> None:
-    ext().unpack_rows(grads, buffer, capacity, scale)
+) -> Tensor:
+    """grads = scale * the sum of every rank's rows, added in rank order (bitwise the same on every rank), in one
+    call. -> the ranks' header rows [W, 2] int32 (row count, note)."""
+    return ext().unpack_rows(grads, gathered, capacity, scale)
 
 
 def ssim(

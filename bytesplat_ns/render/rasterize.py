@@ -22,9 +22,11 @@ def rasterize(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> R
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """Map "auto" to the best backend available on `device`; fail loudly when a named one cannot run there."""
+    """Map "auto" to the best backend available on `device`: fused on CUDA (it needs gsplat's projection; its
+    kernels build at first use, and a failed build names the fix), else torch. Fail loudly when a named one
+    cannot run there."""
     if name == "auto":
-        return "gsplat" if device.type == "cuda" and gsplat_available() else "torch"
+        return "fused" if device.type == "cuda" and gsplat_available() else "torch"
     if name not in BACKENDS:
         raise ValueError(f"Unknown renderer {name!r}; choose one of: auto, {', '.join(BACKENDS)}.")
     if name in ("gsplat", "fused") and device.type != "cuda":

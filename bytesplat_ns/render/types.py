@@ -10,7 +10,7 @@ from torch import Tensor
 from bytesplat_ns.render.bin_capacity import BinCapacity
 
 Backend = Literal["auto", "torch", "gsplat", "fused"]
-"""Renderer backends. `auto` picks the fastest one available for the tensors' device."""
+"""Renderer backends. `auto` picks the fastest one available for the tensors' device: fused on CUDA, else torch."""
 
 
 @dataclass

@@ -55,14 +55,29 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   return buffer;
 }
 
-void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& buffer, int64_t capacity, double scale) {
+at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
+                       double scale) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
-  const bool half = buffer.scalar_type() == at::kHalf;
-  BYTESPLAT_CHECK_INPUT(buffer, half ? at::kHalf : at::kFloat);
-  check_shape(buffer, {capacity + 1, row_slots(half) + parts.values}, "buffer");
-  const UnpackParams p{parts, buffer.data_ptr(), half, static_cast<int>(capacity), static_cast<float>(scale)};
-  BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, c10::cuda::getCurrentCUDAStream().stream()));
+  const bool half = gathered.scalar_type() == at::kHalf;
+  BYTESPLAT_CHECK_INPUT(gathered, half ? at::kHalf : at::kFloat);
+  TORCH_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, "gathered must be [ranks, capacity + 1, slots + D]");
+  const int64_t ranks = gathered.size(0), width = row_slots(half) + parts.values;
+  check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  for (const at::Tensor& g : grads) {
+    BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
+  }
+  const int64_t rank_bytes = (capacity + 1) * width * gathered.element_size();
+  const char* base = static_cast<const char*>(gathered.data_ptr());
+  for (int64_t r = 0; r < ranks; ++r) {  // in rank order: the same sums on every rank
+    const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale)};
+    BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
+  }
+  at::Tensor headers = at::empty({ranks, 2}, gathered.options().dtype(at::kInt));
+  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(headers.data_ptr(), 2 * sizeof(int32_t), base, rank_bytes,
+                                                2 * sizeof(int32_t), ranks, cudaMemcpyDeviceToDevice, stream));
+  return headers;
 }
 
 }  // namespace bytesplat

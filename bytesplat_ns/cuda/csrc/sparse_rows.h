@@ -9,9 +9,10 @@
 // pack:   every row with a non-zero value (a pending residual added in) takes a slot from an atomic counter;
 //         slots below the capacity go into the buffer (in no particular order), the rest into residual_out,
 //         which gets zeros for every other row. No host sync.
-// unpack: one rank's sent rows, times `scale`, added into the gradients. A row appears once per buffer, so no two
-//         threads add to the same value; ranks are unpacked one launch after another, in rank order, which
-//         makes the sums bitwise the same on every rank.
+// unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in. A row appears once per
+//         buffer, so no two threads add to the same value; ranks are unpacked one launch after another, in rank
+//         order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
+//         small [ranks, 2] tensor (one strided copy, no kernel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -64,8 +65,10 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads,          // each [N, 
                      const c10::optional<at::Tensor>& residual_out,  // [N, D] float32, written
                      int64_t capacity, int64_t note, bool half);
 
-// grads[p] += scale * the rows of `buffer` (one rank's [capacity + 1, slots + D]).
-void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& buffer, int64_t capacity, double scale);
+// grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
+// order. -> the ranks' headers [ranks, 2] int32 (row count, note).
+at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
+                       double scale);
 
 }  // namespace bytesplat
 #endif

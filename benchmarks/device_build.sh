@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sourced by the device_*.sh scripts on the GPU machine: build (or load) bytesplat's CUDA extension once and copy
+# the built .so to $OUT, so a later call can carry it back (put it in .build-cache/ext/ and carry .build-cache).
+# Writes $OUT/build.log.
+export MAX_JOBS=12 TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
+export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext}
+build_start=$(date +%s)
+python3 - > "$OUT/build.log" 2>&1 <<'PY'
+import time
+
+from bytesplat_ns.cuda import build, ops
+import torch
+
+t = time.time()
+build.load()
+print(f"{build.module_name()} ready in {time.time() - t:.1f} s (prebuilt: {build.prebuilt_path(build.module_name())})")
+cuda = torch.device("cuda")
+print("on-chip capacity: rgb", ops.tile_capacity(cuda, 3), "rgb+depth", ops.tile_capacity(cuda, 4))
+PY
+tail -2 "$OUT/build.log"
+so=$(python3 -c "from bytesplat_ns.cuda import build; print(build.prebuilt_path(build.module_name()) or '')")
+[ -n "$so" ] && cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
+echo "build: $(( $(date +%s) - build_start )) s"
