@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.grad_compaction import SparseRowExchange, all_reduce_mean
-from bytesplat_ns.late_read import LateRead
+from bytesplat_ns.late_read import LateQueue
 
 SPLATS = 300_000
 SHAPES = {"means": (3,), "scales": (3,), "quats": (4,), "features_dc": (3,), "features_rest": (15, 3),
@@ -105,6 +105,7 @@ def _rank(rank: int, world: int, init: str, result: str) -> None:
     buffer = ops.pack_rows(grads, capacity, 0, False, None, residual)
     gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
     group = dist.distributed_c10d._get_default_group()
+    late, headers = LateQueue(lag=4), gathered[:world, :2].contiguous().view(torch.int32)
     parts = {
         "exchange (kernels)": lambda: kernels.average(grads),
         "exchange (torch ops)": lambda: plain.average(grads),
@@ -112,7 +113,7 @@ def _rank(rank: int, world: int, init: str, result: str) -> None:
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(gathered, buffer),
         "group._allgather_base": lambda: group._allgather_base(gathered, buffer).wait(),
         "unpack (zero, W ranks)": lambda: ops.unpack_rows(grads, gathered.view(world, *buffer.shape), capacity, 0.5),
-        "late header read": lambda: LateRead(gathered[:world, :2].contiguous().view(torch.int32)).tolist(),
+        "late header read": lambda: (late.pop_ready(), late.push(headers)),
         "dense all-reduce": lambda: all_reduce_mean(grads),
         "one torch op (add_)": lambda: grads[5].add_(0.0),
     }

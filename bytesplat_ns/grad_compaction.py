@@ -11,16 +11,19 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
 3. decode: every rank's rows are added, in rank order and scaled by 1/world, into a zeroed dense gradient:
    the mean an all-reduce gives, and bitwise the same on every rank (a rank's rows are distinct, so no two
    additions race), which keeps the ranks' splats identical;
-4. the gathered headers go to host memory without waiting and are read at the next exchange, when they
-   have long arrived: the counts set the capacity, the notes carry pause/stop requests (run_control.py).
-   Both act one step late, on every rank alike.
+4. the gathered headers go to host memory without waiting and are read `lag` exchanges later, when they
+   have long arrived (late_read.py): the counts set the capacity, the notes carry pause/stop requests
+   (run_control.py). Both act `lag` steps late, on every rank alike. Reading them late is what lets a rank's
+   host run ahead of the others by up to `lag` steps instead of waiting each step for the slowest rank's
+   previous exchange.
 
 The capacity is the same on every rank (it comes from the gathered counts): the largest visible fraction of
-the last `window` exchanges times `headroom`, times N, rounded up to 1024 rows; all N rows until the first
-counts are read. A rank with more non-zero rows than the capacity (its view saw far more than the recent
-ones) sends the first `capacity` rows and keeps the rest as a residual, added to its next gradient: sent a
-step late, not lost, and the capacity grows at the next exchange (`ExchangeStats.overflows`). A residual
-pending when densification changes the splat count is dropped (its row indices no longer mean anything).
+the last `window` exchanges read times `headroom`, times N, rounded up to 1024 rows; all N rows until the
+first counts are read. A rank with more non-zero rows than the capacity (its view saw far more than the
+recent ones) sends `capacity` of them and keeps the rest as a residual, added to its next gradient: sent a
+step late, not lost, and the capacity grows once that exchange's counts are read (`ExchangeStats.overflows`).
+A residual pending when densification changes the splat count is dropped (its row indices no longer mean
+anything).
 
 Why an all-gather rather than an all-to-all: with an all-to-all each rank would own a slice of the splats,
 receive the rows of its slice, sum them and send the sums back: two rounds, the second carrying the union
@@ -41,7 +44,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bytesplat_ns.cuda import ops
-from bytesplat_ns.late_read import LateRead
+from bytesplat_ns.late_read import STEPS_LATE, LateQueue
 
 CAPACITY_GRANULE = 1024
 """Capacities are multiples of this many rows (fewer distinct buffer sizes for the allocator)."""
@@ -56,9 +59,9 @@ class ExchangeStats:
     dense_bytes: int
     """Dense ring all-reduce of the same fp32 gradients: 2 (world - 1) / world of their size."""
     notes: list[int]
-    """Every rank's `note` of the previous exchange, in rank order (zeros at the first)."""
+    """Every rank's `note` of the exchange `lag` exchanges before this one, in rank order (zeros before that)."""
     overflows: int = 0
-    """1 if the previous exchange had a rank with more non-zero rows than the capacity."""
+    """1 if that exchange had a rank with more non-zero rows than its capacity."""
 
 
 @dataclass
@@ -70,6 +73,8 @@ class SparseRowExchange:
     headroom: float = 1.25
     """Capacity = this times the largest visible fraction seen in the last `window` exchanges."""
     window: int = 100
+    lag: int = STEPS_LATE
+    """Exchanges between sending the headers and reading them on the host."""
     kernels: bool = False
     """Pack and unpack CUDA gradients with bytesplat's kernels (cuda/csrc/sparse_rows.cu: one launch each) instead
     of torch operations (about twenty launches and several passes over [N, D])."""
@@ -77,19 +82,23 @@ class SparseRowExchange:
     capacity: int = 0
     """Rows per rank in the last exchange."""
     _fractions: deque = field(default_factory=deque)
-    _headers: LateRead | None = None
-    _last_rows: int = 0
+    _headers: LateQueue | None = None
+    """Each exchange's gathered headers [W, 2], tagged with its capacity and row count."""
     _residual: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self._headers = LateQueue(self.lag)
 
     def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
         """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks; `dense` gradients
         (camera optimizer, bilateral grid) take one plain all-reduce."""
-        all_reduce_mean(list(dense), group=self.group)
+        if dense:
+            all_reduce_mean(list(dense), group=self.group)
         world = dist.get_world_size(self.group)
-        notes, overflowed = self._read_last_headers(world)
-        num_rows, width = grads[0].shape[0], sum(g[0].numel() for g in grads)
+        notes, overflows = self._read_late_headers(world)
+        num_rows, width = grads[0].shape[0], sum(math.prod(g.shape[1:]) for g in grads)
         self.capacity = self._next_capacity(num_rows)
-        pending = self._residual if overflowed else None  # the rows the last exchange could not send
+        pending = self._residual  # the rows the last exchange could not send (zeros if it sent all)
         if pending is not None and pending.shape != (num_rows, width):
             pending = None  # densification renumbered the splats: its rows no longer mean anything
         kernels = self.kernels and grads[0].is_cuda
@@ -101,13 +110,12 @@ class SparseRowExchange:
             headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
         else:
             headers = self._unpack_torch(grads, gathered, world)
-        self._headers = LateRead(headers)
-        self._last_rows = num_rows
+        self._headers.push(headers, tag=(self.capacity, num_rows))
         return ExchangeStats(
             sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
             dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
             notes=notes,
-            overflows=int(overflowed),
+            overflows=overflows,
         )
 
     @staticmethod
@@ -140,7 +148,7 @@ class SparseRowExchange:
         buffer[0, slots : 2 * slots].view(torch.int32).fill_(note)
         buffer[1:, :slots] = rows.int().view(dtype).view(capacity, slots)
         buffer[1:, slots:] = flat.index_select(0, rows)
-        # rows that did not fit (known a step later) wait in the residual
+        # rows that did not fit wait in the residual, added to the next gradient
         self._residual = flat.index_fill_(0, rows, 0)[:num_rows] if capacity < num_rows else None
         return buffer
 
@@ -157,15 +165,17 @@ class SparseRowExchange:
             grad.copy_(part.reshape(grad.shape))
         return gathered[:, 0, : 2 * slots].contiguous().view(torch.int32)
 
-    def _read_last_headers(self, world: int) -> tuple[list[int], bool]:
-        """The previous exchange's notes, and whether it overflowed; its counts go into the capacity window."""
-        if self._headers is None:
-            return [0] * world, False
-        counts, notes = zip(*self._headers.tolist())
-        self._fractions.append(max(counts) / max(1, self._last_rows))
-        if len(self._fractions) > self.window:
-            self._fractions.popleft()
-        return list(notes), max(counts) > self.capacity
+    def _read_late_headers(self, world: int) -> tuple[list[int], int]:
+        """The notes of the exchange `lag` exchanges back, and whether it overflowed (0 or 1); its counts go into
+        the capacity window."""
+        notes, overflows = [0] * world, 0
+        for headers, (capacity, num_rows) in self._headers.pop_ready():
+            counts, notes = zip(*headers)
+            notes, overflows = list(notes), overflows + int(max(counts) > capacity)
+            self._fractions.append(max(counts) / max(1, num_rows))
+            if len(self._fractions) > self.window:
+                self._fractions.popleft()
+        return notes, overflows
 
     def _next_capacity(self, num_rows: int) -> int:
         if not self._fractions:
@@ -176,20 +186,27 @@ class SparseRowExchange:
 
 @dataclass
 class DenseExchange:
-    """Every gradient in one all-reduce (--pipeline.exchange dense), the notes in W extra slots, read a step
+    """Every gradient in one all-reduce (--pipeline.exchange dense), the notes in W extra slots, read `lag` steps
     late like SparseRowExchange's."""
 
     group: object = None
-    _notes: LateRead | None = None
+    lag: int = STEPS_LATE
+    """Exchanges between sending the notes and reading them on the host."""
+    _notes: LateQueue | None = None
+
+    def __post_init__(self) -> None:
+        self._notes = LateQueue(self.lag)
 
     def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
         """Replace each of `grads` and `dense` in place by its mean over the ranks, in one all-reduce."""
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        notes = [round(n * world) for n in self._notes.tolist()] if self._notes is not None else [0] * world
+        notes = [0] * world
+        for means, _ in self._notes.pop_ready():  # the means: note / world each
+            notes = [round(n * world) for n in means]
         slots = grads[0].new_zeros(world)
         slots[rank] = note
         flat = all_reduce_mean([*grads, *dense, slots], group=self.group)
-        self._notes = LateRead(flat[-world:])  # the means: note / world each
+        self._notes.push(flat[-world:])
         dense_bytes = 2 * (world - 1) * (flat.numel() - world) * 4 // world
         return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)
 

@@ -4,7 +4,7 @@ Only rank 0 has the viewer, but a rank that pauses or stops alone leaves the oth
 gradient exchange. So a request (the viewer's pause/resume on rank 0, Ctrl-C or SIGTERM on any rank) is
 only a wish until the ranks agree on it:
 - while training, each rank sends its wish as the `note` of the gradient exchange it already makes every
-  step (no extra round trip); the exchange hands every rank's notes back one step later (it never makes the
+  step (no extra round trip); the exchange hands every rank's notes back a few steps later (it never makes the
   host wait for them), all ranks take the strongest wish (stop > pause > train) and act on it at the top of
   the next step, together;
 - while paused, no exchange runs: rank 0 publishes resume or stop in the rendezvous store, and the other

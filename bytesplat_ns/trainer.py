@@ -3,7 +3,7 @@
 - The scene is checked before anything is cached (input_checks); a bad one exits with the fix, and the
   run folder created for it is removed.
 - Non-finite losses or gradients are caught without a per-step host sync (finite_guard); the logged loss and
-  metrics are read a step late (train_log), so logging makes the host wait neither.
+  metrics are read a few steps late (train_log), so logging makes the host wait neither.
 - Ctrl-C or SIGTERM stops after the current step and writes a final checkpoint; every checkpoint is
   written to a temporary file first and renamed, so an interrupted write never replaces a good one.
 - Out of GPU memory while densifying: a checkpoint, then a message naming the splat count and the cap.

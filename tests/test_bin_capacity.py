@@ -1,5 +1,6 @@
 """The training binning's capacity rule (render/bin_capacity.py), on the CPU: exact at first and after the splat
-count changes, then headroom x the largest recent count, overflows counted a render later."""
+count changes, then headroom x the largest count read so far in the window, counts read `lag` renders later
+(exact counts at once), overflows counted when read."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def _render(bins: BinCapacity, splats: int, entries: int) -> int:
 
 
 def test_exact_first_then_from_recent_counts():
-    bins = BinCapacity(headroom=1.5, granule=1000)
+    bins = BinCapacity(headroom=1.5, granule=1000, lag=1)
     assert not bins.used
     assert _render(bins, 100, 40_000) == EXACT
     assert bins.used
@@ -27,7 +28,7 @@ def test_exact_first_then_from_recent_counts():
 
 
 def test_a_new_splat_count_asks_for_the_exact_count():
-    bins = BinCapacity(granule=1)
+    bins = BinCapacity(granule=1, lag=1)
     _render(bins, 100, 1000)
     assert _render(bins, 100, 1000) != EXACT
     assert _render(bins, 120, 1500) == EXACT  # densification ran: earlier counts bound nothing
@@ -35,11 +36,23 @@ def test_a_new_splat_count_asks_for_the_exact_count():
 
 
 def test_overflows_are_counted_and_raise_the_capacity():
-    bins = BinCapacity(headroom=1.0, granule=1, window=2)
+    bins = BinCapacity(headroom=1.0, granule=1, window=2, lag=1)
     _render(bins, 10, 100)
     assert _render(bins, 10, 300) == 100  # this render needs 300 entries: an overflow
     assert bins.next(10) == 300 and bins.overflows == 1
-    bins = BinCapacity(headroom=1.0, granule=1, window=2)
+    bins = BinCapacity(headroom=1.0, granule=1, window=2, lag=1)
     for entries in (500, 100, 100):
         _render(bins, 10, entries)
     assert bins.next(10) == 100  # the 500 has left the window of 2
+
+
+def test_counts_are_read_lag_renders_later_and_exact_counts_at_once():
+    bins = BinCapacity(headroom=1.0, granule=1, lag=3)
+    assert _render(bins, 10, 100) == EXACT
+    assert _render(bins, 10, 500) == 100  # the exact count is known at once; 500 (an overflow) is read 3 later
+    assert _render(bins, 10, 100) == 100
+    assert _render(bins, 10, 100) == 100
+    assert bins.overflows == 0
+    assert _render(bins, 10, 100) == 500 and bins.overflows == 1
+    assert _render(bins, 20, 300) == EXACT  # densification ran
+    assert _render(bins, 20, 300) == 500  # its exact count and the window's largest, without waiting 3 renders

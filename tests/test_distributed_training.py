@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bytesplat_method_configs import bytesplat
+from bytesplat_ns.late_read import STEPS_LATE
 from bytesplat_ns.view_schedule import per_step_views, resumed_start_step, views_to_steps
 from tests.distributed_rank import PAUSE_S, rank_config, scene_path
 
@@ -130,20 +131,22 @@ def test_a_dead_or_hung_rank_stops_the_others_with_a_message(tmp_path, how):
 
 
 def test_rank0_pause_and_stop_reach_every_rank(tmp_path):
-    """Rank 0 pauses (as its viewer would) after step 4 and gets Ctrl-C after step 9. The requests travel with the
-    next step's gradient exchange and come back with the one after, so both ranks pause after step 6, resume
-    together, and stop after step 11, with rank 0 writing the final checkpoint."""
-    procs = start_ranks(tmp_path, 2, "--views", "400", "--pause-at", "4", signal_at={0: (9, int(signal.SIGINT))})
+    """Rank 0 pauses (as its viewer would) after step 4 and gets Ctrl-C after step 14. The requests travel with
+    the next step's gradient exchange, whose headers are read STEPS_LATE exchanges later, so both ranks pause
+    after step 5 + STEPS_LATE, resume together, and stop after step 15 + STEPS_LATE, with rank 0 writing the
+    final checkpoint."""
+    procs = start_ranks(tmp_path, 2, "--views", "400", "--pause-at", "4", signal_at={0: (14, int(signal.SIGINT))})
     finish(procs)
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    paused_after, stopped_after = 5 + STEPS_LATE, 15 + STEPS_LATE
     for record in records:
         gaps = [b - a for a, b in zip(record["times"], record["times"][1:])]
         longest = max(range(len(gaps)), key=gaps.__getitem__)
-        assert longest == 6 and gaps[longest] > PAUSE_S * 0.9, gaps
-    assert [r["step"] for r in records] == [11, 11]
-    assert len(records[0]["counts"]) == len(records[1]["counts"]) == 12
+        assert longest == paused_after and gaps[longest] > PAUSE_S * 0.9, gaps
+    assert [r["step"] for r in records] == [stopped_after, stopped_after]
+    assert len(records[0]["counts"]) == len(records[1]["counts"]) == stopped_after + 1
     ckpts = list((tmp_path / "out" / "dist" / "bytesplat" / "run" / "nerfstudio_models").glob("*.ckpt"))
-    assert [p.name for p in ckpts] == [f"step-{11:09d}.ckpt"]
+    assert [p.name for p in ckpts] == [f"step-{stopped_after:09d}.ckpt"]
 
 
 def _stopped(pid: int) -> bool:

@@ -2,13 +2,13 @@
 
 gsplat's binning reads the number of (splat, tile) entries back to the host to size its buffers, which makes
 the host wait for the GPU once per step. The fused backend bins into buffers of a capacity fixed beforehand
-(cuda/csrc/bin_tiles.h) and the true count is read a step late (late_read.py):
+(cuda/csrc/bin_tiles.h) and the true count is read `lag` renders later (late_read.py):
 - the capacity is `headroom` times the largest count of the last `window` renders, rounded up to `granule`;
-- it is exact (one host read) for the first render, and whenever the splat count changed since the last
-  render (densification ran: the counts seen before no longer bound the new ones);
+- it is exact (one host read, its count known at once) for the first render, and whenever the splat count
+  changed since the last render (densification ran: the counts seen before no longer bound the new ones);
 - a render whose count exceeded its capacity loses the entries of its last splats (in index order) for that
-  step; it is counted in `overflows` (shown in the run summary) and raises the next capacity. On lego (views
-  alike) and on the 2M-splat room none was seen (benchmarks/RESULTS.md).
+  step; it is counted in `overflows` (shown in the run summary) and raises the capacity once read. On lego
+  (views alike) and on the 2M-splat room none was seen (benchmarks/RESULTS.md).
 Outside training (eval, viewer, export) the renderer bins exactly.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from bytesplat_ns.late_read import LateRead
+from bytesplat_ns.late_read import STEPS_LATE, LateQueue
 
 EXACT = -1
 """Capacity that asks the binning for the exact count (one host read)."""
@@ -34,10 +34,16 @@ class BinCapacity:
     granule: int = 1 << 14
     """Capacities are multiples of this many entries (fewer distinct buffer sizes for the allocator)."""
     overflows: int = 0
-    """Renders whose entries exceeded the capacity (known a step later)."""
+    """Renders whose entries exceeded the capacity (known when their counts are read)."""
+    lag: int = STEPS_LATE
+    """Renders between a binning and the host's read of its count."""
     _counts: deque = field(default_factory=deque)
-    _pending: tuple[LateRead, int] | None = None
+    _late: LateQueue | None = None
+    """The renders' counts, tagged with their capacities."""
     _splats: int = -1
+
+    def __post_init__(self) -> None:
+        self._late = LateQueue(self.lag)
 
     @property
     def used(self) -> bool:
@@ -55,15 +61,17 @@ class BinCapacity:
 
     def observe(self, total: Tensor, capacity: int) -> None:
         """Record a binning's true entry count (`total`, [1] on the device) and the capacity it had."""
-        self._pending = (LateRead(total), capacity)
+        if capacity == EXACT:  # the binning has just read it to the host: no wait, known before later renders
+            self._add(int(total.item()))
+        else:
+            self._late.push(total, tag=capacity)
 
     def _read_pending(self) -> None:
-        if self._pending is None:
-            return
-        late, capacity = self._pending
-        self._pending = None
-        (count,) = late.tolist()
-        self.overflows += int(capacity != EXACT and count > capacity)
+        for (count,), capacity in self._late.pop_ready():
+            self.overflows += int(count > capacity)
+            self._add(count)
+
+    def _add(self, count: int) -> None:
         self._counts.append(count)
         if len(self._counts) > self.window:
             self._counts.popleft()

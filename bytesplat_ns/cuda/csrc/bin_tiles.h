@@ -5,7 +5,7 @@
 // Entries and their order are gsplat's (isect_tiles + isect_offset_encode, one camera): a splat with radius r
 // covers the tiles its square (centre +- r) overlaps; key = tile id << 32 | the depth's float bits; a stable
 // radix sort by key. Entries are written in splat order, so with a capacity below the count (an overflow) the
-// entries of the last splats are dropped; `total` tells the caller (who reads it a step later).
+// entries of the last splats are dropped; `total` tells the caller (who reads it a few steps later).
 #pragma once
 
 #include <cuda_runtime_api.h>

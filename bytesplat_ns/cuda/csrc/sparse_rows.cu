@@ -50,7 +50,8 @@ struct RowBuffer {
   __device__ static const Value* row(const void* buffer, int64_t r, int values) {
     return static_cast<const Value*>(buffer) + r * (kSlots + values);
   }
-  // The int32 row index in the first slots (float16 rows may sit on 2-byte boundaries: two 16-bit halves).
+  // The int32 row index (or the header's count) in the first slots (float16 rows may sit on 2-byte boundaries:
+  // two 16-bit halves).
   __device__ static void put_index(Value* at, int32_t index) {
     if constexpr (kHalf) {
       auto* halves = reinterpret_cast<uint16_t*>(at);
@@ -114,7 +115,9 @@ __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) 
   using Buf = RowBuffer<kHalf>;
   const WarpRows w;
   const int d = p.grads.values;
-  const int count = min(static_cast<const int*>(p.buffer)[0], p.capacity);
+  // The header's count, read like a row index: a float16 rank's buffer in a gathered tensor may start on a
+  // 2-byte boundary.
+  const int count = min(Buf::get_index(Buf::row(p.buffer, 0, d)), p.capacity);
   for (int64_t i = w.first; i < count; i += w.stride) {
     const typename Buf::Value* in = Buf::row(p.buffer, 1 + i, d);
     const int64_t row = Buf::get_index(in);
