@@ -79,6 +79,8 @@ class ByteSplatPipeline(VanillaPipeline):
             _build_exchange_kernels()
         sparse = SparseRowExchange(half=config.half_precision_exchange, kernels=kernels)
         self.exchange = DenseExchange() if config.exchange == "dense" else sparse
+        self._other_params: list[torch.nn.Parameter] | None = None
+        """The parameters other than the splats', listed at the first exchange."""
 
     def get_train_loss_dict(self, step: int):
         """nerfstudio's, with the batch handed to the model's render (the fused loss path forms the loss there)."""
@@ -105,14 +107,17 @@ class ByteSplatPipeline(VanillaPipeline):
         """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest
         (--pipeline.exchange dense: one all-reduce for all). No host sync. `note` travels with the exchange (see
         run_control.py); every rank's note of the previous step is in the returned stats."""
-        splat_ids = {id(p) for p in self.model.gauss_params.values()}
-        params = [p for group in self.get_param_groups().values() for p in group]
-        for param in params:  # a parameter this rank's step did not reach contributes zeros, as on every rank
+        splat_params = list(self.model.gauss_params.values())  # densification replaces these: listed each step
+        if self._other_params is None:  # camera optimizer, bilateral grid: the same tensors all run long
+            splat_ids = {id(p) for p in splat_params}
+            groups = self.get_param_groups().values()
+            self._other_params = [p for group in groups for p in group if id(p) not in splat_ids]
+        for param in (*splat_params, *self._other_params):  # not reached by this rank's step: zeros, as everywhere
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        splat_grads = [p.grad for p in self.model.gauss_params.values()]
-        other_grads = [p.grad for p in params if id(p) not in splat_ids]
-        return self.exchange.average(splat_grads, note=note, dense=other_grads)
+        return self.exchange.average(
+            [p.grad for p in splat_params], note=note, dense=[p.grad for p in self._other_params]
+        )
 
 
 def _build_exchange_kernels() -> None:
