@@ -84,6 +84,7 @@ def test_loader_errors_name_the_fix(monkeypatch, tmp_path):
         load()
     message = str(error.value)
     assert "CUDA_HOME" in message and build.ENV_DIR in message and f"{build.module_name()}.so" in message
+    assert "--pipeline.model.renderer gsplat --pipeline.model.ssim-kernel False" in message  # the way around
 
 
 def test_prebuilt_module_is_found_in_the_cache_folder(monkeypatch, tmp_path):

@@ -29,6 +29,10 @@ SOURCE_SUFFIXES = (".h", ".cuh", ".cpp", ".cu")
 EXTRA_CFLAGS = ["-O3"]
 EXTRA_CUDA_CFLAGS = ["-O3", "-lineinfo"]  # no fast math: the kernels match the reference to 1e-4
 ENV_DIR = "BYTESPLAT_EXT_DIR"
+WITHOUT_KERNELS = (
+    "Or train without bytesplat's kernels: --pipeline.model.renderer gsplat --pipeline.model.ssim-kernel False "
+    "(with several GPUs also --pipeline.exchange-kernels False)."
+)
 NAME_PREFIX = "bytesplat_cuda_"
 
 
@@ -84,8 +88,8 @@ def load() -> ModuleType:
         raise FusedBuildError(
             f"The fused renderer must compile its CUDA kernels, but nvcc was not found (CUDA_HOME="
             f"{os.environ.get('CUDA_HOME')!r}). Install the CUDA toolkit {torch.version.cuda} (matching torch's CUDA) "
-            f"and put its bin/ on PATH or set CUDA_HOME, or set {ENV_DIR} to a folder holding a prebuilt {name}.so, "
-            "or use --pipeline.model.renderer gsplat."
+            f"and put its bin/ on PATH or set CUDA_HOME, or set {ENV_DIR} to a folder holding a prebuilt {name}.so. "
+            + WITHOUT_KERNELS
         )
     from torch.utils.cpp_extension import load as cpp_load
 
@@ -104,7 +108,7 @@ def load() -> ModuleType:
     except (RuntimeError, OSError) as error:
         raise FusedBuildError(
             f"Building the fused CUDA kernels in {build_dir} failed with nvcc {nvcc}: {error}. "
-            "Set BYTESPLAT_BUILD_VERBOSE=1 to see the compiler's output."
+            "Set BYTESPLAT_BUILD_VERBOSE=1 to see the compiler's output. " + WITHOUT_KERNELS
         ) from error
 
 
