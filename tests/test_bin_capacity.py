@@ -1,6 +1,6 @@
 """The training binning's capacity rule (render/bin_capacity.py), on the CPU: exact at first and after the splat
-count changes, then headroom x the largest count read so far in the window, counts read `lag` renders later
-(exact counts at once), overflows counted when read."""
+count changes, then headroom x the largest count in the window (or its largest entries per splat x the splats
+now), counts read `lag` renders later (exact counts at once), overflows counted when read."""
 
 from __future__ import annotations
 
@@ -55,4 +55,16 @@ def test_counts_are_read_lag_renders_later_and_exact_counts_at_once():
     assert bins.overflows == 0
     assert _render(bins, 10, 100) == 500 and bins.overflows == 1
     assert _render(bins, 20, 300) == EXACT  # densification ran
-    assert _render(bins, 20, 300) == 500  # its exact count and the window's largest, without waiting 3 renders
+    assert _render(bins, 20, 300) == 1000  # 50 entries per splat (the 500) x 20 splats, without waiting 3 renders
+
+
+def test_more_splats_raise_the_capacity_at_once_fewer_do_not_lower_it():
+    bins = BinCapacity(headroom=1.0, granule=1, lag=1)
+    _render(bins, 100, 1000)
+    _render(bins, 100, 1000)
+    _render(bins, 150, 1400)  # a refine added half the splats: exact
+    assert bins.next(150) == 1500  # 10 entries per splat x 150, above the 1400 seen
+    bins = BinCapacity(headroom=1.0, granule=1, lag=1)
+    _render(bins, 100, 1000)
+    _render(bins, 50, 400)  # a refine removed half the splats: exact
+    assert bins.next(50) == 1000  # the largest count seen still bounds it

@@ -3,12 +3,14 @@
 gsplat's binning reads the number of (splat, tile) entries back to the host to size its buffers, which makes
 the host wait for the GPU once per step. The fused backend bins into buffers of a capacity fixed beforehand
 (cuda/csrc/bin_tiles.h) and the true count is read `lag` renders later (late_read.py):
-- the capacity is `headroom` times the largest count of the last `window` renders, rounded up to `granule`;
+- the capacity is `headroom` times the larger of the largest count of the last `window` renders and the
+  largest entries-per-splat of those renders times the splats now, rounded up to `granule` (so a refine that
+  adds splats raises the capacity at once, and one that removes splats does not lower it);
 - it is exact (one host read, its count known at once) for the first render, and whenever the splat count
-  changed since the last render (densification ran: the counts seen before no longer bound the new ones);
+  changed since the last render (densification ran);
 - a render whose count exceeded its capacity loses the entries of its last splats (in index order) for that
-  step; it is counted in `overflows` (shown in the run summary) and raises the capacity once read. On lego
-  (views alike) and on the 2M-splat room none was seen (benchmarks/RESULTS.md).
+  step; it is counted in `overflows` (shown in the run summary) and raises the capacity once read. On lego,
+  7000 views, 0-4 renders per run overflowed (eighth session, benchmarks/RESULTS.md); none on the 2M-splat room.
 Outside training (eval, viewer, export) the renderer bins exactly.
 """
 
@@ -29,7 +31,8 @@ EXACT = -1
 @dataclass
 class BinCapacity:
     headroom: float = 1.5
-    """Capacity = this times the largest entry count of the last `window` renders."""
+    """Capacity = this times the largest entry count of the last `window` renders (or their largest entries per
+    splat times the splats now, when that is larger)."""
     window: int = 100
     granule: int = 1 << 14
     """Capacities are multiples of this many entries (fewer distinct buffer sizes for the allocator)."""
@@ -38,6 +41,7 @@ class BinCapacity:
     lag: int = STEPS_LATE
     """Renders between a binning and the host's read of its count."""
     _counts: deque = field(default_factory=deque)
+    """(entries, splats) of the last `window` renders read."""
     _late: LateQueue | None = None
     """The renders' counts, tagged with their capacities."""
     _splats: int = -1
@@ -56,22 +60,24 @@ class BinCapacity:
         if num_splats != self._splats or not self._counts:
             self._splats = num_splats
             return EXACT
-        rows = math.ceil(max(self._counts) * self.headroom)
+        largest = max(count for count, _ in self._counts)
+        per_splat = max(count / max(1, splats) for count, splats in self._counts)
+        rows = math.ceil(max(largest, per_splat * num_splats) * self.headroom)
         return max(self.granule, -(-rows // self.granule) * self.granule)
 
     def observe(self, total: Tensor, capacity: int) -> None:
         """Record a binning's true entry count (`total`, [1] on the device) and the capacity it had."""
         if capacity == EXACT:  # the binning has just read it to the host: no wait, known before later renders
-            self._add(int(total.item()))
+            self._add(int(total.item()), self._splats)
         else:
-            self._late.push(total, tag=capacity)
+            self._late.push(total, tag=(capacity, self._splats))
 
     def _read_pending(self) -> None:
-        for (count,), capacity in self._late.pop_ready():
+        for (count,), (capacity, splats) in self._late.pop_ready():
             self.overflows += int(count > capacity)
-            self._add(count)
+            self._add(count, splats)
 
-    def _add(self, count: int) -> None:
-        self._counts.append(count)
+    def _add(self, count: int, splats: int) -> None:
+        self._counts.append((count, splats))
         if len(self._counts) > self.window:
             self._counts.popleft()
