@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (after `source .device-kit/on-device.sh`): the GPU tests, the demo on the
-# GPU, then lego with bytesplat (renderer auto -> gsplat) beside splatfacto. Logs and JSON go to $OUT.
+# GPU, then lego with bytesplat (its default renderer, auto: fused on CUDA) beside splatfacto. Logs and JSON go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"

@@ -1,4 +1,5 @@
-"""GPU check of the foundation: bytesplat (renderer auto -> gsplat) beside splatfacto on lego.
+"""GPU check of the foundation: bytesplat (its default renderer: auto, fused on CUDA since the eighth session;
+gsplat before) beside splatfacto on lego.
 
 Trains both methods with the same options, evaluates the held-out test views with ns-eval, and prints
 a table; writes benchmarks/results/foundation_lego.json (or --json). Run on the GPU machine:
