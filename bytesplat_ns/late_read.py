@@ -1,11 +1,11 @@
 """Reading small device values on the host some steps late, so that the host does not wait for the GPU.
 
-The exchange's row counts and notes (grad_compaction.py) and the tile binning's entry counts
-(render/bin_capacity.py) are needed on the host only to size later buffers and to agree on pause/stop: they
-are copied to pinned host memory as soon as they are computed and read `lag` pushes later, when the copy has
-long finished. The lag is the slack the host has: it waits only when it runs more than `lag` steps ahead of
-the GPU (with several GPUs, a GPU also waits for the other ranks in each exchange, so the slack absorbs one
-rank's slower steps before the others wait for it).
+The exchange's row counts and notes (grad_compaction.py), the tile binning's entry counts
+(render/bin_capacity.py) and the logged loss and metrics (train_log.py) are needed on the host only to size
+later buffers, to agree on pause/stop and to log: they are copied to pinned host memory as soon as they are
+computed and read `lag` pushes later, when the copy has long finished. The lag is the slack the host has: it
+waits only when it runs more than `lag` steps ahead of the GPU (with several GPUs, a GPU also waits for the
+other ranks in each exchange, so the slack absorbs one rank's slower steps before the others wait for it).
 """
 
 from __future__ import annotations
