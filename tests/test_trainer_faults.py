@@ -104,3 +104,23 @@ def test_sigterm_or_ctrl_c_writes_a_final_checkpoint(tmp_path, signum):
     checkpoints = list((out / "term" / "bytesplat" / "run" / "nerfstudio_models").iterdir())
     assert len(checkpoints) == 1 and checkpoints[0].suffix == ".ckpt", checkpoints
     assert torch.load(checkpoints[0], map_location="cpu")["step"] < 100000
+
+
+def test_guard_flags_a_nonfinite_gradient_and_zeroes_that_steps_gradients():
+    from bytesplat_ns.finite_guard import NonFiniteGuard
+
+    params = [torch.nn.Parameter(torch.zeros(5, w)) for w in (3, 1)]
+    optimizers = {"a": torch.optim.Adam(params[:1]), "b": torch.optim.Adam(params[1:])}
+    guard = NonFiniteGuard(check_every=10)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    guard.after_backward(3, torch.tensor(0.5), optimizers)  # a good step: untouched
+    assert not bool(guard.bad) and all(bool((p.grad == 1).all()) for p in params)
+    params[1].grad[2, 0] = math.inf  # a finite loss, one gradient value not
+    guard.after_backward(4, torch.tensor(0.5), optimizers)
+    assert bool(guard.bad) and int(guard.first_bad_step) == 4
+    assert all(bool((p.grad == 0).all()) for p in params)  # that step's update becomes nil
+    for p in params:
+        p.grad = torch.ones_like(p)
+    guard.after_backward(5, torch.tensor(0.5), optimizers)  # later good steps: the first bad step is kept
+    assert int(guard.first_bad_step) == 4 and bool((params[0].grad == 1).all())
