@@ -42,6 +42,7 @@ from torch import Tensor
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.render.bin_capacity import EXACT
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats, strategy_info
+from bytesplat_ns.ssim import SSIMTerm
 
 
 @dataclass
@@ -204,18 +205,12 @@ def _compose(render: Tensor, alpha: Tensor, background: Tensor | None, clamp: bo
 
 def _ssim_gradient(pred: Tensor, gt: Tensor, loss: FusedLoss) -> tuple[Tensor, Tensor]:
     """-> (d [ssim * (1 - SSIM(gt, pred))] / d pred [H, W, 3], that term's value [])."""
-    ssim_fn = loss.ssim_fn if loss.ssim_fn is not None else _default_ssim
+    ssim_fn = loss.ssim_fn if loss.ssim_fn is not None else SSIMTerm(kernel=False)  # pytorch_msssim's, as splatfacto
     with torch.enable_grad():
         leaf = pred.detach().requires_grad_(True)
         term = loss.ssim * (1.0 - ssim_fn(gt, leaf))
         (grad,) = torch.autograd.grad(term, leaf)
     return grad.contiguous(), term.detach()
-
-
-def _default_ssim(x: Tensor, y: Tensor) -> Tensor:
-    from pytorch_msssim import ssim
-
-    return ssim(x.permute(2, 0, 1)[None], y.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
 
 
 def _check_dtype(splats: Splats) -> None:
