@@ -14,11 +14,16 @@ S .. S+K-1 (whole iterations, densification callbacks included) and writes per-s
 - where the syncs come from: the Python line of each synchronizing call (torch.cuda.set_sync_debug_mode's
   warnings, so the explicit ones, NCCL's and event waits, are not among them);
 - the ops taking the most host time (self time) and the kernels taking the most GPU time.
+With `--profile-trace True` the profile's timeline goes beside it as a gzipped Chrome trace
+(`step_trace.json.gz`, other ranks `step_trace_rank<r>.json.gz`; open it in Perfetto or chrome://tracing): every
+op's host span in order, to see where a phase's host time goes.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -37,8 +42,8 @@ TOP = 15
 class StepProfiler:
     """Profiles training steps start .. start + steps - 1 and writes their summary to `path`."""
 
-    def __init__(self, start: int, steps: int, path: Path) -> None:
-        self.start, self.steps, self.path = start, steps, path
+    def __init__(self, start: int, steps: int, path: Path, trace: Path | None = None) -> None:
+        self.start, self.steps, self.path, self.trace = start, steps, path, trace
         self._profile: profile | None = None
         self._began = 0.0
 
@@ -68,9 +73,11 @@ class StepProfiler:
         summary = summarize(self._profile, self.steps, host_s)
         sources = Counter(f"{w.filename}:{w.lineno}" for w in self._caught if "synchroniz" in str(w.message))
         summary["sync_sources"] = {where: n / self.steps for where, n in sources.most_common(TOP)}
-        self._profile = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"first_step": self.start, **summary}, indent=2) + "\n")
+        if self.trace is not None:
+            write_trace(self._profile, self.trace)
+        self._profile = None
 
 
 def summarize(prof: profile, steps: int, host_s: float) -> dict:
@@ -101,3 +108,12 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
             for a in sorted(device, key=lambda a: a.self_device_time_total, reverse=True)[:TOP]
         },
     }
+
+
+def write_trace(prof: profile, path: Path) -> None:
+    """The finished profile's Chrome trace, gzipped, at `path`."""
+    with tempfile.TemporaryDirectory() as folder:
+        plain = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(plain))
+        with plain.open("rb") as source, gzip.open(path, "wb") as target:
+            target.write(source.read())

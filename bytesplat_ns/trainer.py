@@ -63,6 +63,9 @@ class ByteSplatTrainerConfig(TrainerConfig):
     write the summary to <run folder>/step_profile.json (other ranks: step_profile_rank<r>.json); 0: off."""
     profile_start: int = 500
     """Where the profile starts (after warm-up), counted in views like every count here (view_schedule.py)."""
+    profile_trace: bool = False
+    """With --profile-steps: also write the profile's timeline, a gzipped Chrome trace, to
+    <run folder>/step_trace.json.gz (other ranks: step_trace_rank<r>.json.gz)."""
 
     def __post_init__(self) -> None:
         # Runs for every construction, defaults included: only values no default has are checked here.
@@ -167,9 +170,11 @@ class ByteSplatTrainer(Trainer):
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
         self.log_values = LateLogValues(self.config.logging.steps_per_log)
         self.stats = RunStats(views_per_step=self.world_size)
-        name = "step_profile.json" if self.is_main else f"step_profile_rank{self.rank}.json"
+        suffix = "" if self.is_main else f"_rank{self.rank}"
+        base = self.config.get_base_dir()
+        trace = base / f"step_trace{suffix}.json.gz" if self.config.profile_trace else None
         self.profiler = StepProfiler(self.config.profile_start, self.config.profile_steps,
-                                     self.config.get_base_dir() / name)  # fmt: skip
+                                     base / f"step_profile{suffix}.json", trace)  # fmt: skip
         self._time_iterations()
         self.stop_requested = False
         self.heldout_psnr: float | None = None
