@@ -357,14 +357,14 @@ def check_bin_capacity_renders(seed: int) -> None:
     scene, cam, _ = build_scene(20000, 203, 157, seed)
     splats = _on_device(scene, torch.float32, False)
     exact = rasterize(splats, cam, RasterizeOptions(backend="fused"))
-    bins = Recorded()
+    bins = Recorded(lag=1)  # counts read a render later (training reads them STEPS_LATE renders later)
     for _ in range(3):
         out = rasterize(splats, cam, RasterizeOptions(backend="fused", bins=bins))
         assert torch.equal(out.rgb, exact.rgb) and torch.equal(out.alpha, exact.alpha)
     assert bins.given[0] == EXACT and bins.given[1] == bins.given[2] > 0 and bins.given[1] % bins.granule == 0
     bins.next(splats.count)
     assert bins.overflows == 0
-    small = BinCapacity(headroom=0.25, granule=1)
+    small = BinCapacity(headroom=0.25, granule=1, lag=1)
     for _ in range(3):
         rasterize(splats, cam, RasterizeOptions(backend="fused", bins=small))
     small.next(splats.count)

@@ -37,16 +37,22 @@ def relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max(float((g - w).norm() / w.norm().clamp_min(1e-30)) for g, w in zip(got, want))
 
 
-def _worker(rank: int, world: int, init_file: str, half: bool, lag: int) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend: str = "gloo") -> None:
+    """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels."""
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     try:
-        exchange, plain_exchange = SparseRowExchange(half=half, lag=lag), DenseExchange(lag=lag)
-        sum_got = [torch.zeros(ROWS, *shape) for shape in SHAPES]
-        sum_want = [torch.zeros(ROWS, *shape) for shape in SHAPES]
+        exchange = SparseRowExchange(half=half, lag=lag, kernels=backend == "nccl")
+        plain_exchange = DenseExchange(lag=lag)
+        sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
+        sum_want = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         dense_at = STEPS.index("dense")
         for step, case in enumerate(STEPS):
-            grads = [make_grad(case, rank, step, shape) for shape in SHAPES]
+            grads = [make_grad(case, rank, step, shape).to(device) for shape in SHAPES]
             want = [g.clone() for g in grads]
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
@@ -86,6 +92,15 @@ def test_compacted_exchange_equals_dense_allreduce(tmp_path, world, lag):
 
 def test_half_precision_values(tmp_path):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), True, 4), nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("half", [False, True])
+def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half):
+    """The same steps with one extension call per exchange (pack, NCCL all-gather, unpack) on 1 or 2 GPUs."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPU(s) (NCCL and the exchange kernels)")
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 4, "nccl"), nprocs=world, join=True)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +159,9 @@ def test_pack_unpack_kernels_match_torch(half, capacity):
         sent.append(kept)
         buffers.append(buffer)
     out = [torch.full_like(g, float("nan")) for g in ranks[0]]  # unpack_rows zeroes them first
-    headers = ops.unpack_rows(out, torch.stack(buffers), capacity, 0.5)
+    headers = torch.full((2, 2), -1, dtype=torch.int32, pin_memory=True)  # host memory, as the exchange uses it
+    ops.unpack_rows(out, torch.stack(buffers), capacity, 0.5, headers)
+    torch.cuda.synchronize()
     assert [note for _, note in headers.tolist()] == [10, 11]
     want = (sent[0] + sent[1]) / 2
     got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)
