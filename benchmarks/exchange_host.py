@@ -4,10 +4,9 @@ The training step is bound by the host (benchmarks/RESULTS.md), so what a second
 the exchange adds to each step. This spawns 2 NCCL ranks holding lego-sized splat gradients (300k splats, the
 six splat parameters, 59 values a row, 60% of the rows non-zero and different on each rank) and times, per
 call and on the host only (the GPU is idle at the start of each call, as in a host-bound step):
-- the whole exchange (`SparseRowExchange.average`, one extension call; and with torch operations),
-- its parts alone: that call (pack, all-gather, unpack), the pack kernel, the all-gather (torch.distributed's
-  function, and the process group's method that it calls), the unpacking (zero, every rank's rows), the late
-  header read,
+- the whole exchange (`SparseRowExchange.average`, pack/unpack kernels; and with torch operations),
+- its parts alone: the pack kernel, the all-gather (torch.distributed's function, and the process group's
+  method that it calls), the unpacking (zero, every rank's rows), the late header read,
 - a dense all-reduce of the same gradients, and one trivial torch op (this machine's cost per op);
 and a cProfile of the whole exchange (which Python functions and torch calls take the host's time).
 Writes a JSON (--json) and prints a table last. Run on the GPU machine:
@@ -107,19 +106,13 @@ def _rank(rank: int, world: int, init: str, result: str) -> None:
     gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
     group = dist.distributed_c10d._get_default_group()
     late, headers = LateQueue(lag=4), gathered[:world, :2].contiguous().view(torch.int32)
-    host_headers = torch.empty(world, 2, dtype=torch.int32, pin_memory=True)
     parts = {
         "exchange (kernels)": lambda: kernels.average(grads),
         "exchange (torch ops)": lambda: plain.average(grads),
-        "exchange_rows (one call)": lambda: ops.exchange_rows(
-            grads, capacity, 0, False, group, host_headers, None, residual
-        ),
         "pack kernel": lambda: ops.pack_rows(grads, capacity, 0, False, None, residual),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(gathered, buffer),
         "group._allgather_base": lambda: group._allgather_base(gathered, buffer).wait(),
-        "unpack (zero, W ranks)": lambda: ops.unpack_rows(
-            grads, gathered.view(world, *buffer.shape), capacity, 0.5, host_headers
-        ),
+        "unpack (zero, W ranks)": lambda: ops.unpack_rows(grads, gathered.view(world, *buffer.shape), capacity, 0.5),
         "late header read": lambda: (late.pop_ready(), late.push(headers)),
         "dense all-reduce": lambda: all_reduce_mean(grads),
         "one torch op (add_)": lambda: grads[5].add_(0.0),

@@ -7,8 +7,7 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
    particular order; neither makes the host wait) go into one buffer of
    capacity + 1 rows behind a header row (this rank's non-zero row count and its note); each row is its
    index (int32, bit-cast into the value type's slots) then its D values (fp32, or fp16 as an option);
-2. one all-gather of those equal-sized buffers (with `kernels`, steps 1-3 are one call into the extension:
-   the step is bound by the host);
+2. one all_gather_into_tensor of those equal-sized buffers;
 3. decode: every rank's rows are added, in rank order and scaled by 1/world, into a zeroed dense gradient:
    the mean an all-reduce gives, and bitwise the same on every rank (a rank's rows are distinct, so no two
    additions race), which keeps the ranks' splats identical;
@@ -77,9 +76,8 @@ class SparseRowExchange:
     lag: int = STEPS_LATE
     """Exchanges between sending the headers and reading them on the host."""
     kernels: bool = False
-    """CUDA gradients: pack, all-gather and unpack in one extension call (cuda/csrc/sparse_rows.cu: one launch each
-    to pack and per rank to unpack; the group's NCCL backend gathers) instead of torch operations (about twenty
-    launches and several passes over [N, D])."""
+    """Pack and unpack CUDA gradients with bytesplat's kernels (cuda/csrc/sparse_rows.cu: one launch each) instead
+    of torch operations (about twenty launches and several passes over [N, D])."""
     group: object = None
     capacity: int = 0
     """Rows per rank in the last exchange."""
@@ -103,11 +101,18 @@ class SparseRowExchange:
         pending = self._residual  # the rows the last exchange could not send (zeros if it sent all)
         if pending is not None and pending.shape != (num_rows, width):
             pending = None  # densification renumbered the splats: its rows no longer mean anything
-        tag = (self.capacity, num_rows)
-        exchange = self._exchange_kernel if self.kernels and grads[0].is_cuda else self._exchange_torch
-        buffer_bytes = exchange(grads, width, note, pending, world, tag)
+        kernels = self.kernels and grads[0].is_cuda
+        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads, width, note, pending)
+        gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
+        dist.all_gather_into_tensor(gathered, buffer, group=self.group)
+        gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
+        if kernels:  # one call: zero, add every rank's rows in rank order, the headers [W, 2]
+            headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
+        else:
+            headers = self._unpack_torch(grads, gathered, world)
+        self._headers.push(headers, tag=(self.capacity, num_rows))
         return ExchangeStats(
-            sent_bytes=(world - 1) * buffer_bytes,
+            sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
             dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
             notes=notes,
             overflows=overflows,
@@ -118,33 +123,12 @@ class SparseRowExchange:
         """Value slots holding one int32."""
         return 4 // dtype.itemsize
 
-    def _exchange_kernel(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None, world: int,
-                         tag: tuple[int, int]) -> int:  # fmt: skip
-        """One extension call (cuda/csrc/sparse_rows.h, exchange_rows): pack (rows in no particular order), the
-        all-gather, unpack; the headers go straight into pinned host memory. Rows that did not fit go to the
-        residual, written over the pending one (the kernel reads each pending value before it writes the new).
-        -> bytes of this rank's buffer."""
+    def _pack_kernel(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None) -> Tensor:
+        """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
+        go to a new residual [N, D]."""
         num_rows = grads[0].shape[0]
-        residual = None
-        if self.capacity < num_rows:
-            residual = pending if pending is not None else grads[0].new_empty(num_rows, width)
-        headers = self._headers.host_buffer((world, 2), torch.int32)
-        group = self.group if self.group is not None else dist.group.WORLD
-        buffer_bytes = ops.exchange_rows(grads, self.capacity, note, self.half, group, headers, pending, residual)
-        self._headers.push_written(headers, tag=tag)
-        self._residual = residual
-        return buffer_bytes
-
-    def _exchange_torch(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None, world: int,
-                        tag: tuple[int, int]) -> int:  # fmt: skip
-        """The same from torch operations and all_gather_into_tensor (any device and backend). -> bytes of this
-        rank's buffer."""
-        buffer = self._pack_torch(grads, width, note, pending)
-        gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
-        dist.all_gather_into_tensor(gathered, buffer, group=self.group)
-        headers = self._unpack_torch(grads, gathered.view(world, *buffer.shape), world)
-        self._headers.push(headers, tag=tag)
-        return buffer.numel() * buffer.element_size()
+        self._residual = grads[0].new_empty(num_rows, width) if self.capacity < num_rows else None
+        return ops.pack_rows(grads, self.capacity, note, self.half, pending, self._residual)
 
     def _pack_torch(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None) -> Tensor:
         """The same buffer from torch operations (any device): rows in row order, padding rows point at row N;

@@ -29,29 +29,14 @@ class LateQueue:
         self.lag = lag
         self._pending: deque[tuple[Tensor, torch.cuda.Event | None, object]] = deque()
         self._spare: list[tuple[Tensor, torch.cuda.Event]] = []  # pinned buffers and events already read
-        self._writing: tuple[Tensor, torch.cuda.Event] | None = None  # from host_buffer, until push_written
 
     def push(self, values: Tensor, tag: object = None) -> None:
         """Start copying `values` to the host; `tag` comes back with them."""
         if not values.is_cuda:
             self._pending.append((values.clone(), None, tag))
             return
-        host, ready = self._spare_for(values.shape, values.dtype)
+        host, ready = self._spare_for(values)
         host.copy_(values, non_blocking=True)
-        ready.record()
-        self._pending.append((host, ready, tag))
-
-    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        """A pinned host buffer for work on the current stream to write (a kernel or a copy), then `push_written`."""
-        self._writing = self._spare_for(shape, dtype)
-        return self._writing[0]
-
-    def push_written(self, host: Tensor, tag: object = None) -> None:
-        """`host`, from `host_buffer`, is being written by work already issued on the current stream."""
-        if self._writing is None or self._writing[0] is not host:
-            raise ValueError("push_written takes the buffer the last host_buffer call returned.")
-        host, ready = self._writing
-        self._writing = None
         ready.record()
         self._pending.append((host, ready, tag))
 
@@ -68,9 +53,9 @@ class LateQueue:
                 self._spare.append((host, event))
         return ready
 
-    def _spare_for(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Tensor, torch.cuda.Event]:
-        """A pinned host buffer of that shape and an event, reused once read (no allocation per push)."""
+    def _spare_for(self, values: Tensor) -> tuple[Tensor, torch.cuda.Event]:
+        """A pinned host buffer of `values`' shape and an event, reused once read (no allocation per push)."""
         for index, (host, _) in enumerate(self._spare):
-            if host.shape == shape and host.dtype == dtype:
+            if host.shape == values.shape and host.dtype == values.dtype:
                 return self._spare.pop(index)
-        return torch.empty(shape, dtype=dtype, pin_memory=True), torch.cuda.Event()
+        return torch.empty(values.shape, dtype=values.dtype, pin_memory=True), torch.cuda.Event()

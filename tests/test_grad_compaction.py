@@ -97,7 +97,7 @@ def test_half_precision_values(tmp_path):
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("half", [False, True])
 def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half):
-    """The same steps with one extension call per exchange (pack, NCCL all-gather, unpack) on 1 or 2 GPUs."""
+    """The same steps with the exchange kernels (pack, NCCL all-gather, unpack) on 1 or 2 GPUs."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPU(s) (NCCL and the exchange kernels)")
     mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 4, "nccl"), nprocs=world, join=True)
@@ -159,9 +159,7 @@ def test_pack_unpack_kernels_match_torch(half, capacity):
         sent.append(kept)
         buffers.append(buffer)
     out = [torch.full_like(g, float("nan")) for g in ranks[0]]  # unpack_rows zeroes them first
-    headers = torch.full((2, 2), -1, dtype=torch.int32, pin_memory=True)  # host memory, as the exchange uses it
-    ops.unpack_rows(out, torch.stack(buffers), capacity, 0.5, headers)
-    torch.cuda.synchronize()
+    headers = ops.unpack_rows(out, torch.stack(buffers), capacity, 0.5)
     assert [note for _, note in headers.tolist()] == [10, 11]
     want = (sent[0] + sent[1]) / 2
     got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)

@@ -11,7 +11,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from bytesplat_ns.cuda import build
@@ -269,26 +268,10 @@ def unpack_rows(
     gathered: Tensor,  # [W, capacity + 1, slots + D]: every rank's buffer from pack_rows
     capacity: int,
     scale: float,
-    headers_out: Tensor,  # [W, 2] int32, CUDA or pinned host memory (valid once the stream has passed the call)
-) -> None:
+) -> Tensor:
     """grads = scale * the sum of every rank's rows, added in rank order (bitwise the same on every rank), in one
-    call; the ranks' header rows (row count, note) go to headers_out."""
-    ext().unpack_rows(grads, gathered, capacity, scale, headers_out)
-
-
-def exchange_rows(
-    grads: list[Tensor],  # each [N, ...] float32 CUDA, contiguous; replaced by the mean over the ranks
-    capacity: int,
-    note: int,
-    half: bool,
-    group: dist.ProcessGroup,  # with an NCCL backend
-    headers_out: Tensor,  # [W, 2] int32 pinned host memory: every rank's (row count, note)
-    residual_in: Tensor | None = None,  # [N, D] added to the rows
-    residual_out: Tensor | None = None,  # [N, D] written: rows past the capacity; may be residual_in
-) -> int:
-    """pack_rows, an all-gather of every rank's buffer over `group`, unpack_rows with scale 1 / W: the compacted
-    exchange in one call from Python. -> bytes of this rank's buffer (sent to each peer)."""
-    return ext().exchange_rows(grads, residual_in, residual_out, capacity, note, half, group, headers_out)
+    call. -> the ranks' header rows [W, 2] int32 (row count, note)."""
+    return ext().unpack_rows(grads, gathered, capacity, scale)
 
 
 def ssim(

@@ -17,9 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rasterize_loss", &bytesplat::rasterize_loss, "Fused forward + in-kernel L1/L2 loss + backward");
   m.def("fused_capacity", &bytesplat::fused_capacity, "Splats per tile held on-chip by the fused kernel");
   m.def("pack_rows", &bytesplat::pack_rows, "The exchange's non-zero gradient rows into one buffer");
-  m.def("unpack_rows", &bytesplat::unpack_rows,
-        "Every rank's exchanged rows, scaled and summed into the zeroed gradients; the headers into headers_out");
-  m.def("exchange_rows", &bytesplat::exchange_rows, "Pack, all-gather over a process group and unpack, in one call");
+  m.def("unpack_rows", &bytesplat::unpack_rows, "Every rank's exchanged rows, scaled and summed into the zeroed gradients; returns the headers");
   m.def("ssim_forward", &bytesplat::ssim_forward, "SSIM per block and its derivatives w.r.t. the moments of y");
   m.def("ssim_backward", &bytesplat::ssim_backward, "dSSIM/dy from the forward's derivative maps");
 }

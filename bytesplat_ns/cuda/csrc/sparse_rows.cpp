@@ -55,8 +55,8 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   return buffer;
 }
 
-void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity, double scale,
-                 const at::Tensor& headers_out) {
+at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
+                       double scale) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   const bool half = gathered.scalar_type() == at::kHalf;
@@ -64,9 +64,6 @@ void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathere
   TORCH_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, "gathered must be [ranks, capacity + 1, slots + D]");
   const int64_t ranks = gathered.size(0), width = row_slots(half) + parts.values;
   check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
-  TORCH_CHECK(headers_out.is_cuda() || headers_out.is_pinned(), "headers_out must be CUDA or pinned host memory");
-  TORCH_CHECK(headers_out.is_contiguous() && headers_out.scalar_type() == at::kInt, "headers_out must be int32");
-  check_shape(headers_out, {ranks, 2}, "headers_out");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   for (const at::Tensor& g : grads) {
     BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
@@ -77,20 +74,10 @@ void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathere
     const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale)};
     BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
   }
-  const cudaMemcpyKind kind = headers_out.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
-  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(headers_out.data_ptr(), 2 * sizeof(int32_t), base, rank_bytes,
-                                                2 * sizeof(int32_t), ranks, kind, stream));
-}
-
-int64_t exchange_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual_in,
-                      const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half,
-                      c10d::ProcessGroup& group, const at::Tensor& headers_out) {
-  at::Tensor buffer = pack_rows(grads, residual_in, residual_out, capacity, note, half);
-  const int64_t ranks = group.getSize();
-  at::Tensor gathered = at::empty({ranks * buffer.size(0), buffer.size(1)}, buffer.options());
-  group._allgather_base(gathered, buffer)->wait();  // the current stream waits for the all-gather
-  unpack_rows(grads, gathered.view({ranks, buffer.size(0), buffer.size(1)}), capacity, 1.0 / ranks, headers_out);
-  return buffer.numel() * buffer.element_size();
+  at::Tensor headers = at::empty({ranks, 2}, gathered.options().dtype(at::kInt));
+  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(headers.data_ptr(), 2 * sizeof(int32_t), base, rank_bytes,
+                                                2 * sizeof(int32_t), ranks, cudaMemcpyDeviceToDevice, stream));
+  return headers;
 }
 
 }  // namespace bytesplat

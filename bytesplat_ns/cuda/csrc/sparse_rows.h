@@ -11,10 +11,8 @@
 //         which gets zeros for every other row. No host sync.
 // unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in. A row appears once per
 //         buffer, so no two threads add to the same value; ranks are unpacked one launch after another, in rank
-//         order, which makes the sums bitwise the same on every rank. The ranks' header rows are copied (one
-//         strided copy, no kernel) into a small [ranks, 2] int32 tensor, on the device or in pinned host memory.
-// exchange: pack, NCCL all-gather through the process group, unpack, in one call from Python (the training
-//         step is bound by the host: one call instead of several Python-level ones).
+//         order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
+//         small [ranks, 2] tensor (one strided copy, no kernel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,8 +55,6 @@ cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream);
 }  // namespace bytesplat
 
 #ifndef __CUDACC__
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 #include "common.h"
 
 namespace bytesplat {
@@ -70,16 +66,9 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads,          // each [N, 
                      int64_t capacity, int64_t note, bool half);
 
 // grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
-// order; the ranks' headers (row count, note) go to headers_out [ranks, 2] int32 (CUDA, or pinned host memory:
-// read it after the stream has passed this point).
-void unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity, double scale,
-                 const at::Tensor& headers_out);
-
-// The whole exchange over `group` (its NCCL backend): pack_rows, all-gather of every rank's buffer, unpack_rows
-// with scale 1 / ranks. residual_in and residual_out may be the same tensor. -> bytes this rank sent to each peer.
-int64_t exchange_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual_in,
-                      const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half,
-                      c10d::ProcessGroup& group, const at::Tensor& headers_out);
+// order. -> the ranks' headers [ranks, 2] int32 (row count, note).
+at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
+                       double scale);
 
 }  // namespace bytesplat
 #endif
