@@ -307,6 +307,8 @@ def main() -> None:
         for run in probes:
             phases = " ".join(f"{k[:4]} {v:.2f}" for k, v in run["phase_ms"].items())
             print(f"{run['probe']:<10} {run['views_per_second']:8.1f}  {phases}")
+            if run.get("exchange_parts_ms"):
+                print(f"  exchange: {' '.join(f'{k} {v:.3f}' for k, v in run['exchange_parts_ms'].items())}")
             for rank, prof in enumerate(run["step_profiles"]):
                 print(f"  rank {rank:<3} {'':8} {prof['host_ms']:8.2f} {prof['gpu_kernel_ms']:7.2f} "
                       f"{prof['launches']:7.0f} {prof['syncs']:6.1f} {prof['sync_wait_ms']:8.2f}  "

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.late_read import STEPS_LATE, LateQueue
+from bytesplat_ns.phase_clock import PhaseClock
 
 CAPACITY_GRANULE = 1024
 """Capacities are multiples of this many rows (fewer distinct buffer sizes for the allocator)."""
@@ -62,6 +63,9 @@ class ExchangeStats:
     """Every rank's `note` of the exchange `lag` exchanges before this one, in rank order (zeros before that)."""
     overflows: int = 0
     """1 if that exchange had a rank with more non-zero rows than its capacity."""
+    part_seconds: dict[str, float] = field(default_factory=dict)
+    """Host wall time of each part of this exchange: late read (the headers of `lag` exchanges back, the
+    capacity), pack, all-gather, unpack, header copy."""
 
 
 @dataclass
@@ -92,8 +96,11 @@ class SparseRowExchange:
     def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
         """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks; `dense` gradients
         (camera optimizer, bilateral grid) take one plain all-reduce."""
+        parts: dict[str, float] = {}
+        laps = PhaseClock(parts)
         if dense:
             all_reduce_mean(list(dense), group=self.group)
+            laps.lap("dense all-reduce")
         world = dist.get_world_size(self.group)
         notes, overflows = self._read_late_headers(world)
         num_rows, width = grads[0].shape[0], sum(math.prod(g.shape[1:]) for g in grads)
@@ -101,21 +108,27 @@ class SparseRowExchange:
         pending = self._residual  # the rows the last exchange could not send (zeros if it sent all)
         if pending is not None and pending.shape != (num_rows, width):
             pending = None  # densification renumbered the splats: its rows no longer mean anything
+        laps.lap("late read")
         kernels = self.kernels and grads[0].is_cuda
         buffer = (self._pack_kernel if kernels else self._pack_torch)(grads, width, note, pending)
+        laps.lap("pack")
         gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
+        laps.lap("all-gather")
         if kernels:  # one call: zero, add every rank's rows in rank order, the headers [W, 2]
             headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
         else:
             headers = self._unpack_torch(grads, gathered, world)
+        laps.lap("unpack")
         self._headers.push(headers, tag=(self.capacity, num_rows))
+        laps.lap("header copy")
         return ExchangeStats(
             sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
             dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
             notes=notes,
             overflows=overflows,
+            part_seconds=parts,
         )
 
     @staticmethod

@@ -16,18 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bytesplat_ns.grad_compaction import ExchangeStats
-
-
-class PhaseClock:
-    """Laps of one training step, added into a RunStats."""
-
-    def __init__(self, phases: dict[str, float]) -> None:
-        self.phases, self.last = phases, time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
-        self.last = now
+from bytesplat_ns.phase_clock import PhaseClock
 
 
 @dataclass
@@ -44,6 +33,8 @@ class RunStats:
     """Sum over steps of what a dense ring all-reduce of the same gradients would have sent per rank."""
     exchange_overflows: int = 0
     """Exchanges where a rank had more touched rows than the capacity (the rest went a step later)."""
+    exchange_part_seconds: dict[str, float] = field(default_factory=dict)
+    """Part of the exchange -> sum over steps of its host wall time (inside the exchange phase)."""
     _started: float | None = None
 
     def start_step(self) -> None:
@@ -63,6 +54,8 @@ class RunStats:
             self.exchange_sent_bytes += exchange.sent_bytes
             self.exchange_dense_bytes += exchange.dense_bytes
             self.exchange_overflows += exchange.overflows
+            for part, seconds in exchange.part_seconds.items():
+                self.exchange_part_seconds[part] = self.exchange_part_seconds.get(part, 0.0) + seconds
 
     @property
     def views_per_second(self) -> float:
@@ -98,6 +91,7 @@ class RunStats:
 
     def write(self, path: Path, **extra: object) -> None:
         record = {name: value for name, value in asdict(self).items() if not name.startswith("_")}
+        parts_ms = {part: 1000 * seconds / max(1, self.steps) for part, seconds in self.exchange_part_seconds.items()}
         record.update(views_per_second=self.views_per_second, exchange_reduction=self.exchange_reduction,
-                      phase_ms=self.phase_ms(), **extra)  # fmt: skip
+                      phase_ms=self.phase_ms(), exchange_parts_ms=parts_ms, **extra)  # fmt: skip
         path.write_text(json.dumps(record, indent=2) + "\n")

@@ -76,6 +76,9 @@ def test_every_rank_writes_its_run_stats(two_ranks):
     for record in stats:
         assert record["views_per_step"] == 2 and record["steps"] == VIEWS // 2
         assert set(record["phase_ms"]) == {"forward", "backward", "exchange", "optimizer", "callbacks"}
+        parts = record["exchange_parts_ms"]  # where the exchange phase's host time goes
+        assert set(parts) == {"late read", "pack", "all-gather", "unpack", "header copy"}, parts
+        assert 0 < sum(parts.values()) <= record["phase_ms"]["exchange"]
     assert stats[0]["exchange_sent_bytes"] > 0
 
 
