@@ -184,8 +184,9 @@ class SparseRowExchange:
         notes, overflows = [0] * world, 0
         for headers, (capacity, num_rows) in self._headers.pop_ready():
             counts, notes = zip(*headers)
-            notes, overflows = list(notes), overflows + int(max(counts) > capacity)
-            self._fractions.append(max(counts) / max(1, num_rows))
+            largest = max(counts)
+            notes, overflows = list(notes), overflows + int(largest > capacity)
+            self._fractions.append(largest / max(1, num_rows))
             if len(self._fractions) > self.window:
                 self._fractions.popleft()
         return notes, overflows

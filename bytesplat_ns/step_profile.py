@@ -21,9 +21,7 @@ op's host span in order, to see where a phase's host time goes.
 
 from __future__ import annotations
 
-import gzip
 import json
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -76,7 +74,7 @@ class StepProfiler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"first_step": self.start, **summary}, indent=2) + "\n")
         if self.trace is not None:
-            write_trace(self._profile, self.trace)
+            self._profile.export_chrome_trace(str(self.trace))  # gzipped: the path ends in .gz
         self._profile = None
 
 
@@ -108,12 +106,3 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
             for a in sorted(device, key=lambda a: a.self_device_time_total, reverse=True)[:TOP]
         },
     }
-
-
-def write_trace(prof: profile, path: Path) -> None:
-    """The finished profile's Chrome trace, gzipped, at `path`."""
-    with tempfile.TemporaryDirectory() as folder:
-        plain = Path(folder) / "trace.json"
-        prof.export_chrome_trace(str(plain))
-        with plain.open("rb") as source, gzip.open(path, "wb") as target:
-            target.write(source.read())
