@@ -1,6 +1,6 @@
 """What a finished nerfstudio training run folder says about itself, read the same way by every benchmark:
-step time from the trainer's "Train Iter (time)" events (median of the second half), peak GPU memory, splats
-in the final checkpoint, and bytesplat's pruned tile entries per step when logged."""
+step time from the trainer's "Train Iter (time)" events (their mean, and the median of the second half), peak
+GPU memory, splats in the final checkpoint, and bytesplat's pruned tile entries per step when logged."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def run_summary(run_dir: Path) -> dict:
     pruned = scalar("Train Metrics Dict/pruned_tile_entries")
     ckpt = torch.load(next((run_dir / "nerfstudio_models").glob("*.ckpt")), map_location="cpu")
     return {
+        "step_ms_mean": 1000 * sum(iter_s) / len(iter_s) if iter_s else None,
         "step_ms_median_second_half": 1000 * steady[len(steady) // 2] if steady else None,
         "peak_memory_mb": max(scalar("GPU Memory (MB)"), default=None),
         "splats": ckpt["pipeline"]["_model.gauss_params.means"].shape[0],

@@ -30,7 +30,9 @@ class NonFiniteGuard:
         self.snapshot: _Snapshot | None = None
         self.events: list[str] = []
 
-    def after_backward(self, step: int, loss: Tensor, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    def after_backward(self, step: int | Tensor, loss: Tensor, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        """`step`: the step number, or a [] int64 device tensor holding it (a replayed CUDA graph, step_graph.py).
+        The flags are updated in place, so a replayed step updates the same flags as an eager one."""
         grads = [
             p.grad for opt in optimizers.values() for g in opt.param_groups for p in g["params"] if p.grad is not None
         ]
@@ -46,8 +48,8 @@ class NonFiniteGuard:
             self.bad = torch.zeros((), dtype=torch.bool, device=loss.device)
             self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=loss.device)
         newly_bad = bad_now & ~self.bad
-        self.first_bad_step = torch.where(newly_bad, step, self.first_bad_step)
-        self.bad = self.bad | bad_now
+        self.first_bad_step.copy_(torch.where(newly_bad, step, self.first_bad_step))
+        self.bad |= bad_now
 
     def due(self, step: int) -> bool:
         return self.check_every > 0 and step % self.check_every == 0

@@ -40,6 +40,11 @@ class LateQueue:
         ready.record()
         self._pending.append((host, ready, tag))
 
+    @property
+    def ready(self) -> bool:
+        """Whether `pop_ready()` would return something."""
+        return len(self._pending) >= self.lag
+
     def pop_ready(self) -> list[tuple[list, object]]:
         """The values pushed `lag` or more pushes back (as lists) with their tags, oldest first. Their copies have
         finished unless the host ran `lag` steps ahead of the GPU: then this waits for them."""

@@ -318,6 +318,17 @@ class ByteSplatModel(SplatfactoModel):
         return {"rgb": fused.rgb, "depth": None, "accumulation": fused.alpha, "background": opts.background,
                 "fused_loss": fused.loss}  # fmt: skip
 
+    def _downscale_if_required(self, image: Tensor) -> Tensor:
+        """Splatfacto's downscale of the ground truth (a d x d box filter, stride d) as a reshape and a mean rather
+        than cuDNN's convolution, which picks its algorithm at the first use of a shape: a CUDA graph recording
+        (step_graph.py) cannot. The same values up to float rounding. [H, W, C] -> [H // d, W // d, C] float32."""
+        d = self._get_downscale_factor()
+        if d <= 1:
+            return image
+        height, width = image.shape[0] // d, image.shape[1] // d
+        blocks = image[: height * d, : width * d].to(torch.float32).reshape(height, d, width, d, -1)
+        return blocks.mean(dim=(1, 3))
+
     # Splatfacto's training metrics and loss, computed without host syncs: splatfacto's versions copy small
     # tensors from host memory every step (torchmetrics' PSNR, the SSIM window, a zero scale_reg), and each such
     # copy waits for the GPU. The SSIM term is bytesplat_ns/ssim.py's (a CUDA kernel by default).

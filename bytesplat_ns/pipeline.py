@@ -85,6 +85,10 @@ class ByteSplatPipeline(VanillaPipeline):
     def get_train_loss_dict(self, step: int):
         """nerfstudio's, with the batch handed to the model's render (the fused loss path forms the loss there)."""
         camera, batch = self.datamanager.next_train(step)
+        return self.train_loss_dict(camera, batch)
+
+    def train_loss_dict(self, camera, batch: dict):
+        """-> (outputs, loss_dict, metrics_dict) of one training camera and its batch."""
         outputs = self.model.get_outputs(camera, batch=batch)
         metrics = self.model.get_metrics_dict(outputs, batch)
         return outputs, self.model.get_loss_dict(outputs, batch, metrics), metrics

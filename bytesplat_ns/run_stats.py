@@ -4,7 +4,9 @@ Rank 0 shows them in the closing summary and writes them to `<run folder>/bytesp
 benchmarks read; every other rank writes its own beside it (`bytesplat_stats_rank<r>.json`). Times are host
 wall times: a whole training iteration (densification callbacks included; evaluations, logging and
 checkpoints between iterations excluded), split into phases: forward (data, render, loss), backward,
-exchange (several GPUs: the gradient exchange), optimizer, and the callbacks.
+exchange (several GPUs: the gradient exchange), optimizer, and the callbacks; a step replayed as a CUDA graph
+(step_graph.py) spends its forward-to-optimizer-update time in "graph" (input copies and the launch), and its
+"optimizer" phase is then the learning-rate schedulers only.
 Host time of a phase includes waiting for the GPU only where the phase syncs.
 """
 
@@ -35,9 +37,13 @@ class RunStats:
     """Exchanges where a rank had more touched rows than the capacity (the rest went a step later)."""
     exchange_part_seconds: dict[str, float] = field(default_factory=dict)
     """Part of the exchange -> sum over steps of its host wall time (inside the exchange phase)."""
+    first_step_unix: float | None = None
+    """Wall-clock time (time.time()) at which the first training step began: start-up ends there."""
     _started: float | None = None
 
     def start_step(self) -> None:
+        if self.first_step_unix is None:
+            self.first_step_unix = time.time()
         self._started = time.perf_counter()
 
     def end_step(self) -> None:

@@ -6,7 +6,8 @@ S .. S+K-1 (whole iterations, densification callbacks included) and writes per-s
 `<run folder>/step_profile.json` (every other rank: `step_profile_rank<r>.json`):
 - host_ms: wall time per step under the profiler (the profiler adds host overhead; compare like with like);
 - gpu_kernel_ms: summed duration of the GPU's kernels and copies per step (streams may overlap);
-- launches: kernel launches per step (cudaLaunchKernel and its driver/ex variants);
+- launches: kernel launches per step (cudaLaunchKernel and its driver/ex variants); graph_launches: CUDA graph
+  replays per step (step_graph.py; each runs the recorded step's kernels);
 - syncs: calls that block the host until the GPU catches up (stream/device/event synchronize, blocking
   copies), with the host time spent in them (sync_wait_ms): `.item()`, `nonzero`, `.tolist()` of CUDA
   tensors all end in one of these; memcpy_ms: host time in cudaMemcpyAsync (a copy to pageable host memory
@@ -93,6 +94,7 @@ def summarize(prof: profile, steps: int, host_s: float) -> dict:
         "host_ms": 1000 * host_s * per_step,
         "gpu_kernel_ms": sum(a.self_device_time_total for a in device) / 1000 * per_step,
         "launches": sum(a.count for a in calls(LAUNCHES)) * per_step,
+        "graph_launches": sum(a.count for a in calls(("cudaGraphLaunch",))) * per_step,
         "syncs": sum(a.count for a in calls(SYNCS)) * per_step,
         "sync_wait_ms": sum(a.self_cpu_time_total for a in calls(SYNCS)) / 1000 * per_step,
         "sync_calls": {a.key: a.count * per_step for a in calls(SYNCS)},

@@ -36,14 +36,17 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
+from torch import Tensor
 
 from bytesplat_ns.cpu_share import pin_to_cpu_share
 from bytesplat_ns.finite_guard import NonFiniteGuard
 from bytesplat_ns.input_checks import BadInputError, check_data_path
 from bytesplat_ns.model import SplatOutOfMemoryError
+from bytesplat_ns.phase_clock import PhaseClock
 from bytesplat_ns.rank_watchdog import RankWatchdog
 from bytesplat_ns.run_control import RunControl
 from bytesplat_ns.run_stats import RunStats
+from bytesplat_ns.step_graph import StepGraph, ineligible
 from bytesplat_ns.step_profile import StepProfiler
 from bytesplat_ns.train_log import LateLogValues
 from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
@@ -66,6 +69,9 @@ class ByteSplatTrainerConfig(TrainerConfig):
     profile_trace: bool = False
     """With --profile-steps: also write the profile's timeline, a gzipped Chrome trace, to
     <run folder>/step_trace.json.gz (other ranks: step_trace_rank<r>.json.gz)."""
+    cuda_graph: bool = True
+    """On one CUDA GPU with the fused renderer: record the training step as a CUDA graph and replay it, recording
+    again after densification (step_graph.py says when it applies). False: every step runs op by op."""
 
     def __post_init__(self) -> None:
         # Runs for every construction, defaults included: only values no default has are checked here.
@@ -176,6 +182,8 @@ class ByteSplatTrainer(Trainer):
         self.profiler = StepProfiler(self.config.profile_start, self.config.profile_steps,
                                      base / f"step_profile{suffix}.json", trace)  # fmt: skip
         self._time_iterations()
+        self.graph_off = "--cuda-graph False" if not self.config.cuda_graph else ineligible(self)
+        self.step_graph = StepGraph(self, self._graph_body) if self.graph_off is None else None
         self.stop_requested = False
         self.heldout_psnr: float | None = None
 
@@ -226,36 +234,57 @@ class ByteSplatTrainer(Trainer):
     # -- the step ---------------------------------------------------------------------------------
     def train_iteration(self, step: int):
         clock = self.stats.phase_clock()
-        exchange = None
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
-        optimizers.zero_grad_some([g for g in optimizers.parameters if step % self.gradient_accumulation_steps[g] == 0])
-        device_type = "cpu" if self.device.split(":")[0] in ("cpu", "mps") else "cuda"
-        with torch.autocast(device_type=device_type, enabled=self.mixed_precision):
-            _, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
-            loss = functools.reduce(torch.add, loss_dict.values())
-        clock.lap("forward")
-        self.grad_scaler.scale(loss).backward()
-        clock.lap("backward")
-        guarded_loss = loss
-        if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
-            exchange = self.pipeline.average_gradients(note=self.control.note())
-            self.control.agree(exchange.notes)
-            guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
-            clock.lap("exchange")
-        if self.guard.check_every > 0:
-            self.guard.after_backward(step, guarded_loss, optimizers.optimizers)
-        optimizers.optimizer_scaler_step_some(
-            self.grad_scaler, [g for g in optimizers.parameters if step % self.gradient_accumulation_steps[g] == 0]
-        )
+        camera, batch = self.pipeline.datamanager.next_train(step)
+        replayed = self.step_graph.run(step, camera, batch) if self.step_graph is not None else None
+        if replayed is not None:
+            (loss, loss_dict, metrics_dict), exchange = replayed, None
+            clock.lap("graph")
+        else:
+            optimizers.zero_grad_some(self._stepping(step))
+            loss, loss_dict, metrics_dict, exchange = self._update(step, camera, batch, clock)
         scale = self.grad_scaler.get_scale()
         self.grad_scaler.update()
         if scale <= self.grad_scaler.get_scale():
             optimizers.scheduler_step_all(step)
         clock.lap("optimizer")
         self.stats.add_exchange(exchange)
+        loss, loss_dict = loss.detach(), {k: v.detach() for k, v in loss_dict.items()}  # nerfstudio keeps them a
+        # step: with their autograd graph that would keep this step's gradient accumulators alive into the next
         return self.log_values(step, loss, loss_dict, metrics_dict)
+
+    def _stepping(self, step: int) -> list[str]:
+        """The parameter groups that take an optimizer step at `step` (gradient accumulation)."""
+        return [g for g in self.optimizers.parameters if step % self.gradient_accumulation_steps[g] == 0]
+
+    def _update(self, step: int, camera, batch: dict, clock: PhaseClock, guard_step: Tensor | None = None):
+        """Forward, backward, gradient exchange (several ranks), non-finite guard and optimizer step of one
+        camera: -> (loss, loss_dict, metrics_dict, exchange stats or None). Recorded as the step graph's body
+        (step_graph.py) with `guard_step`, the step number on the device."""
+        optimizers = self.optimizers
+        device_type = "cpu" if self.device.split(":")[0] in ("cpu", "mps") else "cuda"
+        with torch.autocast(device_type=device_type, enabled=self.mixed_precision):
+            _, loss_dict, metrics_dict = self.pipeline.train_loss_dict(camera, batch)
+            loss = functools.reduce(torch.add, loss_dict.values())
+        clock.lap("forward")
+        self.grad_scaler.scale(loss).backward()
+        clock.lap("backward")
+        guarded_loss, exchange = loss, None
+        if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
+            exchange = self.pipeline.average_gradients(note=self.control.note())
+            self.control.agree(exchange.notes)
+            guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
+            clock.lap("exchange")
+        if self.guard.check_every > 0:
+            self.guard.after_backward(step if guard_step is None else guard_step, guarded_loss, optimizers.optimizers)
+        optimizers.optimizer_scaler_step_some(self.grad_scaler, self._stepping(step))
+        return loss, loss_dict, metrics_dict, exchange
+
+    def _graph_body(self, guard_step: Tensor, camera, batch: dict) -> tuple:
+        """The step as the CUDA graph records it (no gradient accumulation there: every group steps)."""
+        return self._update(self.step, camera, batch, PhaseClock({}), guard_step)[:3]
 
     # -- stopping, memory, checkpoints ------------------------------------------------------------
     def train(self) -> None:
@@ -366,6 +395,12 @@ class ByteSplatTrainer(Trainer):
         self._print_summary()
         super()._after_train()
 
+    def _graph_counts(self) -> dict[str, object]:
+        graph = self.step_graph
+        return {"graph_replays": graph.replays if graph else 0, "graph_recordings": graph.captures if graph else 0,
+                "graph_record_s": graph.record_seconds if graph else 0.0,
+                "graph_eager_steps": dict(graph.eager) if graph else {}}  # fmt: skip
+
     def _print_summary(self) -> None:
         table = Table(show_header=False, box=None)
         minutes, seconds = divmod(time.perf_counter() - self.train_start, 60)
@@ -377,6 +412,9 @@ class ByteSplatTrainer(Trainer):
             table.add_row("Held-out PSNR", f"{self.heldout_psnr:.2f} dB (mean over the {views} eval-split views)")
         for name, value in self.stats.summary_rows():
             table.add_row(name, value)
+        if self.device.startswith("cuda"):
+            graph = self.step_graph.summary() if self.step_graph is not None else f"off: {self.graph_off}"
+            table.add_row("CUDA graph of the step", graph)
         if self.pipeline.model.bins.used:
             table.add_row("Tile binning", f"{self.pipeline.model.bins.overflows} overflows (render/bin_capacity.py)")
         for event in self.guard.events:
@@ -384,7 +422,7 @@ class ByteSplatTrainer(Trainer):
         base = self.config.get_base_dir()
         self.stats.write(base / "bytesplat_stats.json", heldout_psnr=self.heldout_psnr,
                          splats=self.pipeline.model.num_points, last_step=self.step,
-                         binning_overflows=self.pipeline.model.bins.overflows)  # fmt: skip
+                         binning_overflows=self.pipeline.model.bins.overflows, **self._graph_counts())  # fmt: skip
         table.add_row("Run folder", str(base))
         table.add_row("Config (for ns-eval/render/export)", str(base / "config.yml"))
         table.add_row("Checkpoints", str(self.checkpoint_dir))

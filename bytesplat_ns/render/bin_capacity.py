@@ -54,6 +54,10 @@ class BinCapacity:
         """Whether a binning has asked for a capacity (the fused renderer in training)."""
         return self._splats >= 0
 
+    def needs_exact(self, num_splats: int) -> bool:
+        """Whether the next binning of `num_splats` splats will be exact (`next` returns EXACT); changes nothing."""
+        return num_splats != self._splats or not (self._counts or self._late.ready)
+
     def next(self, num_splats: int) -> int:
         """The capacity of the next binning of `num_splats` splats, or EXACT."""
         self._read_pending()

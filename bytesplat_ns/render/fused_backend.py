@@ -1,6 +1,6 @@
-"""The `fused` renderer backend: gsplat 1.4.0's projection and SH, then our own kernels (bytesplat_ns/cuda/csrc)
-for tile binning (gsplat's entries and order, without its host sync: csrc/bin_tiles.h, render/bin_capacity.py),
-compositing and its backward pass.
+"""The `fused` renderer backend: gsplat 1.4.0's projection and SH (ours, render/sh.py, while a CUDA graph records),
+then our own kernels (bytesplat_ns/cuda/csrc) for tile binning (gsplat's entries and order, without its host
+sync: csrc/bin_tiles.h, render/bin_capacity.py), compositing and its backward pass.
 
 Two ways in:
   * `rasterize_fused(splats, camera, opts)`: the `rasterize()` interface, under ordinary autograd. Forward is a
@@ -41,6 +41,7 @@ from torch import Tensor
 
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.render.bin_capacity import EXACT
+from bytesplat_ns.render.sh import sh_to_rgb
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats, strategy_info
 from bytesplat_ns.ssim import SSIMTerm
 
@@ -103,6 +104,9 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
     )  # fmt: skip
     if opts.sh_degree is None:
         colors = splats.colors[None]  # [1, N, 3]
+    elif torch.cuda.is_current_stream_capturing():  # gsplat's SH kernels launch on the legacy default stream,
+        # which a CUDA graph (step_graph.py) does not record: they would run once, at recording, and never again
+        colors = sh_to_rgb(opts.sh_degree, splats.colors, splats.means - camera.position)[None]  # [1, N, 3]
     else:
         dirs = splats.means[None] - camera.position  # [1, N, 3]
         colors = spherical_harmonics(opts.sh_degree, dirs, splats.colors[None], masks=radii > 0)

@@ -1,0 +1,117 @@
+"""Single-GPU step time (issue #6): bytesplat with its step graph, bytesplat op by op, and splatfacto, on lego.
+
+Each lane trains alone on GPU 0, one after another (the step is bound by the host: runs sharing the machine
+slow each other), for --steps steps on a white background, then ns-eval scores the test split. Per lane:
+- step time: nerfstudio's "Train Iter (time)" events, the same figure for every method (run_summary.py): the
+  mean over the run and the median of its second half;
+- wall time from launch to the end of training, and (bytesplat) start-up: launch to the first step;
+- bytesplat lanes: a torch.profiler window of --profile-steps steady steps (host and GPU time per step, kernel
+  launches, graph launches, host syncs: step_profile.py), the run's phase times and the graph's replay count.
+time_to_target_speedup: splatfacto's wall time to its --steps-step held-out PSNR over bytesplat's wall time to
+the same number of steps, when bytesplat's PSNR there is at least splatfacto's (else None): bytesplat may reach it
+sooner, so this is a lower bound. Writes --json (benchmarks/results/step_time.json layout), table last.
+
+    python3 benchmarks/step_time.py --data .device-kit/data/lego --steps 7000 --json $OUT/step_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from quality_seeds import Run, record, start, start_eval  # noqa: E402
+
+LANES = {
+    "bytesplat": "bytesplat --summary-eval False",
+    "bytesplat-op-by-op": "bytesplat --summary-eval False --cuda-graph False",
+    "splatfacto": "splatfacto",
+}
+
+
+def run_lane(name: str, spec: str, args: argparse.Namespace) -> dict:
+    method, *options = spec.split()
+    if method == "bytesplat" and args.profile_steps > 0:
+        options += ["--profile-steps", str(args.profile_steps), "--profile-start", str(args.profile_start)]
+    run = Run(name, args.seed, method, [0], options, args.out / f"{name}.log")
+    launched = time.time()
+    start(run, args.steps, args.data, args.out)
+    run.process.wait()
+    if start_eval(run):
+        run.process.wait()
+    result = {"lane": name, "command": spec, **record(run)}
+    stats_path = run.folder / "bytesplat_stats.json"
+    if stats_path.exists():
+        stats = json.loads(stats_path.read_text())
+        result["startup_s"] = stats["first_step_unix"] - launched
+        keys = (
+            "views_per_second",
+            "phase_ms",
+            "graph_replays",
+            "graph_recordings",
+            "graph_record_s",
+            "graph_eager_steps",
+            "binning_overflows",
+            "steps",
+        )
+        result["bytesplat_stats"] = {k: stats.get(k) for k in keys}
+    profile = run.folder / "step_profile.json"
+    if profile.exists():
+        result["step_profile"] = json.loads(profile.read_text())
+    print(json.dumps({k: v for k, v in result.items() if k != "step_profile"}), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
+    parser.add_argument("--steps", type=int, default=7000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--lanes", nargs="+", default=list(LANES), choices=list(LANES))
+    parser.add_argument("--profile-steps", type=int, default=20)
+    parser.add_argument("--profile-start", type=int, default=2510, help="a window without a refine in it")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/step-time"))
+    parser.add_argument("--json", type=Path, default=Path("step_time.json"))
+    args = parser.parse_args()
+
+    import torch
+
+    lanes = {name: run_lane(name, LANES[name], args) for name in args.lanes}
+    ours, base = lanes.get("bytesplat"), lanes.get("splatfacto")
+    report = {"gpu": torch.cuda.get_device_name(0), "steps": args.steps, "seed": args.seed, "lanes": lanes}
+    if ours and base and "psnr" in ours and "psnr" in base:
+        profile = ours.get("step_profile", {})
+        reached = ours["psnr"] >= base["psnr"]
+        report.update(
+            step_ms_bytesplat=ours["step_ms_mean"],
+            step_ms_splatfacto=base["step_ms_mean"],
+            time_to_target_speedup=base["train_s"] / ours["train_s"] if reached else None,
+            psnr_bytesplat=ours["psnr"],
+            psnr_splatfacto=base["psnr"],
+            startup_s_bytesplat=ours.get("startup_s"),
+            syncs_per_step=profile.get("syncs"),
+            launches_per_step=(profile.get("launches", 0) + profile.get("graph_launches", 0)) if profile else None,
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{'lane':<20} {'ms/step':>8} {'2nd half':>8} {'train s':>8} {'start s':>7} {'PSNR':>6} {'SSIM':>6} "
+          f"{'splats':>8} {'MB':>6} {'launch':>6} {'syncs':>5} {'gpu ms':>6}")  # fmt: skip
+    fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+    for name, r in lanes.items():
+        p = r.get("step_profile", {})
+        launches = p.get("launches", 0) + p.get("graph_launches", 0) if p else None
+        syncs, gpu_ms = p.get("syncs"), p.get("gpu_kernel_ms")
+        print(f"{name:<20} {fmt(r.get('step_ms_mean'), '8.2f')} {fmt(r.get('step_ms_median_second_half'), '8.2f')} "
+              f"{fmt(r.get('train_s'), '8.1f')} {fmt(r.get('startup_s'), '7.1f')} {fmt(r.get('psnr'), '6.2f')} "
+              f"{fmt(r.get('ssim'), '6.4f')} {fmt(r.get('splats'), '8d')} {fmt(r.get('peak_memory_mb'), '6.0f')} "
+              f"{fmt(launches, '6.1f')} {fmt(syncs, '5.2f')} {fmt(gpu_ms, '6.2f')}")  # fmt: skip
+    if "time_to_target_speedup" in report:
+        print(f"time to splatfacto's {args.steps}-step PSNR: {fmt(report['time_to_target_speedup'], '.2f')}x shorter "
+              f"(lower bound; None: not reached)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""The steady-state training step recorded once as a CUDA graph and replayed (issue #6).
+
+On a fast GPU the training step is bound by the host: some two hundred kernel launches, each behind Python and
+torch's dispatch, while the GPU's own work takes a fraction of that time (benchmarks/RESULTS.md). A CUDA graph
+records the step's GPU work once (render, fused loss, backward, non-finite guard, Adam) and replays it with one
+launch. What the host still does per step: take the next camera, copy its pose, intrinsics and image into the
+graph's input buffers, write changed learning rates on the device, replay, and queue the binning's entry count
+for its late read (render/bin_capacity.py). Densification statistics, refines, logging, evaluation and
+checkpoints run as before, between replays.
+
+A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
+- the splat parameters or their optimizer state (densification, opacity reset, a non-finite restore: new
+  tensors), the SH degree, the resolution (splatfacto's downscale schedule), the image's shape, whether
+  densification statistics are still gathered (step < refine_stop_iter);
+- the binning asks for more entries than the graph's buffers hold.
+The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
+takes another loss path (masks), and the first step of any new configuration (lazy set-up of libraries on a
+shape's first use cannot happen inside a recording). The next step records the graph and replays it.
+Everything recorded must run on the recording stream: gsplat 1.4.0's SH kernels launch on the legacy default
+stream, which a graph does not record (they would run once, at recording, and leave their output stale), so
+while recording the fused renderer evaluates SH with render/sh.py instead; the ground truth's downscale avoids
+cuDNN for the same kind of reason (model.py). tests/test_step_graph.py holds a replayed step to the same step run
+op by op.
+
+Used with one CUDA process on the fused loss path, with torch's fused Adam, the camera optimizer off, no scale
+regularisation, no mixed precision and no gradient accumulation (`ineligible` says which is missing; the trainer
+then runs every step eagerly). --cuda-graph False turns it off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+StepBody = Callable[[Tensor, object, dict], tuple]
+"""(step as a [] int64 device tensor, camera, batch) -> (loss, loss_dict, metrics_dict): the step's forward,
+backward, guard and optimizer update, as the trainer runs it eagerly."""
+
+
+class StepGraphError(RuntimeError):
+    """Recording the training step as a CUDA graph failed."""
+
+
+def ineligible(trainer) -> str | None:
+    """Why `trainer`'s steps cannot be replayed as a graph (None: they can)."""
+    model = trainer.pipeline.model
+    cfg = model.config
+    optimizers = trainer.optimizers.optimizers.values()
+    checks = [
+        (not trainer.device.startswith("cuda"), "training on the CPU"),
+        (trainer.world_size > 1, "several processes (the gradient exchange runs between backward and optimizer)"),
+        (model.renderer() != "fused" or not cfg.fused_loss, "the renderer is not the fused loss path"),
+        (cfg.use_bilateral_grid or cfg.output_depth_during_training, "the bilateral grid or depth in training"),
+        (cfg.camera_optimizer.mode != "off", "the camera optimizer is on"),
+        (cfg.use_scale_regularization, "scale regularisation (every 10th step differs)"),
+        (trainer.mixed_precision, "mixed precision"),
+        (any(n != 1 for n in trainer.gradient_accumulation_steps.values()), "gradient accumulation"),
+        (not all(isinstance(o, torch.optim.Adam) and o.defaults.get("fused") for o in optimizers),
+         "an optimizer other than torch's fused Adam"),
+        (any(c["optimizer"].max_norm is not None for c in trainer.optimizers.config.values()), "gradient clipping"),
+    ]  # fmt: skip
+    return next((why for failed, why in checks if failed), None)
+
+
+@dataclass
+class _FixedBins:
+    """Stands in for the model's BinCapacity while recording: a fixed capacity, the count tensor kept."""
+
+    capacity: int
+    total: Tensor | None = None  # [1] the recorded binning's entry count
+
+    def next(self, num_splats: int) -> int:
+        return self.capacity
+
+    def observe(self, total: Tensor, capacity: int) -> None:
+        self.total = total
+
+
+class _StaticInputs:
+    """The camera and batch the graph reads: copies of the recording step's, refilled before each replay."""
+
+    def __init__(self, camera, batch: dict) -> None:
+        self.camera = camera._apply_fn_to_fields(torch.clone)
+        self.camera.metadata = dict(camera.metadata)
+        self.batch = {key: value.clone() if torch.is_tensor(value) else value for key, value in batch.items()}
+
+    def _tensors(self, camera, batch: dict) -> list[Tensor]:
+        return [camera.camera_to_worlds, camera.fx, camera.fy, camera.cx, camera.cy, batch["image"]]
+
+    def load(self, camera, batch: dict) -> None:
+        torch._foreach_copy_(self._tensors(self.camera, self.batch), self._tensors(camera, batch))
+
+
+class StepGraph:
+    def __init__(self, trainer, body: StepBody) -> None:
+        self.model = trainer.pipeline.model
+        self.optimizers = trainer.optimizers
+        self.body = body
+        device = self.model.device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple | None = None
+        self._eager_key: tuple | None = None  # the configuration of the last step run op by op
+        self.capacity = 0
+        self.outputs: tuple | None = None
+        self.inputs: _StaticInputs | None = None
+        self.bins: _FixedBins | None = None
+        self.info: tuple | None = None
+        self.stream = torch.cuda.Stream(device=device)
+        self.step = torch.zeros((), dtype=torch.int64, device=device)  # the guard's step number in the graph
+        self.lrs = torch.zeros(len(self._groups()), device=device)  # learning rates as the graph reads them
+        self._lr_values: list[float | None] = [None] * len(self.lrs)
+        self.captures = 0
+        self.replays = 0
+        self.record_seconds = 0.0
+        self.eager: Counter[str] = Counter()
+        """Steps run op by op, by reason."""
+
+    def run(self, step: int, camera, batch: dict) -> tuple | None:
+        """Replay (recording first if needed) the step on `camera` and `batch`: -> (loss, loss_dict, metrics_dict),
+        or None when this step must run eagerly (the eager step makes new gradients: the graph is stale then)."""
+        key = self._key(camera, batch)
+        bins = self.model.bins
+        why = (
+            "another loss path" if key is None
+            else "exact binning" if bins.needs_exact(self.model.num_points)
+            else "new optimizer state" if not self._optimizer_state_ready()
+            else None
+        )  # fmt: skip
+        if why is None and key != self.key and key != self._eager_key:  # runs op by op once first: lazy set-up
+            why = "new configuration"  # on a first use (library handles, algorithm choices) cannot be recorded
+        if why is not None:
+            self.eager[why] += 1
+            self._eager_key = key
+            self._forget()
+            return None
+        wanted = bins.next(self.model.num_points)
+        if key != self.key or wanted > self.capacity:
+            self._record(key, camera, batch, wanted)
+        self.inputs.load(camera, batch)
+        self._load_learning_rates()
+        self.step.fill_(step)
+        self.graph.replay()
+        bins.observe(self.bins.total, self.capacity)
+        self.model.info, self.model.pruned = self.info  # an evaluation or viewer render since may have replaced them
+        self.replays += 1
+        return self.outputs
+
+    def summary(self) -> str:
+        eager = ", ".join(f"{n} {why}" for why, n in self.eager.items())
+        return (f"{self.replays:,} steps replayed, {self.captures} recordings ({self.record_seconds:.1f} s); op by op: "
+                f"{eager or 'none'}")  # fmt: skip
+
+    def _forget(self) -> None:
+        """Mark the graph stale and drop what points into its buffers. The graph itself stays until the next
+        recording, which reuses its memory pool (a new pool per recording would allocate and free every buffer)."""
+        self.key = self.outputs = self.inputs = self.bins = self.info = None
+
+    def _record(self, key: tuple, camera, batch: dict, capacity: int) -> None:
+        began = time.perf_counter()
+        old, self.graph = self.graph, None
+        self._forget()
+        for param in self._params():
+            param.grad = None  # the graph's backward makes its own (static) gradients
+        self.inputs = _StaticInputs(camera, batch)
+        self.bins = _FixedBins(capacity)
+        self.model.info = None  # the last eager step's autograd graph must be gone: its gradient accumulators
+        # belong to the default stream, which a recording may not touch
+        model_bins, self.model.bins = self.model.bins, self.bins
+        groups = self._groups()
+        saved = [(group["lr"], group["capturable"]) for group in groups]
+        for index, group in enumerate(groups):
+            group["lr"], group["capturable"] = self.lrs[index], True
+        graph = torch.cuda.CUDAGraph()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(self.stream):
+                graph.capture_begin(pool=old.pool() if old is not None else None, capture_error_mode="thread_local")
+                try:
+                    outputs = self.body(self.step, self.inputs.camera, self.inputs.batch)
+                finally:
+                    graph.capture_end()
+        except RuntimeError as error:
+            raise StepGraphError(
+                f"Recording the training step as a CUDA graph failed: {error}\nTrain without it: --cuda-graph False "
+                "(and please report this with the command you ran)."
+            ) from error
+        finally:
+            self.model.bins = model_bins
+            for group, (lr, capturable) in zip(groups, saved):
+                group["lr"], group["capturable"] = lr, capturable
+        torch.cuda.current_stream().wait_stream(self.stream)
+        if old is not None:
+            old.reset()  # never replayed again: the new graph has taken over its pool
+        self.graph, self.key, self.capacity, self.outputs = graph, key, capacity, _detached(outputs)
+        self.info = (_detached_info(self.model.info), self.model.pruned)  # the recorded render's, for densification
+        self._lr_values = [None] * len(groups)
+        self.captures += 1
+        self.record_seconds += time.perf_counter() - began
+
+    def _key(self, camera, batch: dict) -> tuple | None:
+        """What the graph bakes in that can change during training; None: this batch takes another path."""
+        model = self.model
+        if not model.uses_fused_loss(batch):
+            return None
+        cfg = model.config
+        tensors = []
+        for optimizer in self.optimizers.optimizers.values():
+            for param in self._group_params(optimizer):
+                state = optimizer.state.get(param, {})
+                tensors += [param, *(state.get(name) for name in ("exp_avg", "exp_avg_sq", "step"))]
+        image = batch["image"]
+        return (
+            tuple((t.data_ptr(), tuple(t.shape)) if t is not None else None for t in tensors),
+            min(model.step // cfg.sh_degree_interval, cfg.sh_degree),
+            model._get_downscale_factor(),
+            model.step < model.strategy.refine_stop_iter,
+            tuple(image.shape), image.dtype, camera.metadata.get("size"),
+        )  # fmt: skip
+
+    def _optimizer_state_ready(self) -> bool:
+        """Adam creates its state at a parameter's first step; that must not happen inside the graph."""
+        return all(
+            optimizer.state.get(param) for optimizer in self.optimizers.optimizers.values()
+            for param in self._group_params(optimizer)
+        )  # fmt: skip
+
+    def _load_learning_rates(self) -> None:
+        """Write the learning rates the schedulers changed since the last replay (one small fill each)."""
+        for index, group in enumerate(self._groups()):
+            if group["lr"] != self._lr_values[index]:
+                self.lrs[index].fill_(group["lr"])
+                self._lr_values[index] = group["lr"]
+
+    def _groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers.optimizers.values() for group in optimizer.param_groups]
+
+    @staticmethod
+    def _group_params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+        return [param for group in optimizer.param_groups for param in group["params"]]
+
+    def _params(self) -> list[Tensor]:
+        return [param for optimizer in self.optimizers.optimizers.values() for param in self._group_params(optimizer)]
+
+
+def _detached(outputs: tuple) -> tuple:
+    """(loss, loss_dict, metrics_dict) without their autograd graph (which would keep the recording's gradient
+    accumulators, on the recording stream, alive into later eager steps)."""
+    loss, loss_dict, metrics_dict = outputs
+    detach = lambda d: {k: v.detach() if torch.is_tensor(v) else v for k, v in d.items()}  # noqa: E731
+    return loss.detach(), detach(loss_dict), detach(metrics_dict)
+
+
+def _detached_info(info: dict) -> dict:
+    """The render's densification info with a detached 2D-means tensor that carries the same .grad and .absgrad."""
+    means2d = info["means2d"]
+    held = means2d.detach()
+    held.grad = means2d.grad
+    if hasattr(means2d, "absgrad"):
+        held.absgrad = means2d.absgrad
+    return {**info, "means2d": held}

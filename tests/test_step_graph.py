@@ -1,0 +1,129 @@
+"""The training step recorded as a CUDA graph and replayed (step_graph.py) trains as the eager step does, is
+recorded again when densification changes the splats, and keeps the non-finite guard working."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
+
+from tests.trainer_setup import cpu_config, make_trainer, small_scene
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+def _gpu_trainer(root, steps: int, graph: bool, **model_options):
+    config = cpu_config(small_scene(root), root / "out", steps, f"graph_{graph}")
+    config.machine.device_type = "cuda"
+    config.cuda_graph = graph
+    config.summary_eval = False
+    config.pipeline.model.background_color = "white"  # random draws differ between replayed and eager steps
+    for name, value in model_options.items():
+        setattr(config.pipeline.model, name, value)
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    return trainer
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def test_the_ground_truth_is_downscaled_as_splatfacto_does(tmp_path):
+    """The box filter without cuDNN (model._downscale_if_required) gives splatfacto's resize_image."""
+    from nerfstudio.models.splatfacto import resize_image
+
+    model = make_trainer(tmp_path, steps=1, num_downscales=2, resolution_schedule=1000).pipeline.model
+    model.step = 0  # downscale 4
+    image = torch.rand(37, 42, 4, generator=torch.Generator().manual_seed(0))
+    ours = model._downscale_if_required(image)
+    assert ours.shape == (9, 10, 4)
+    assert torch.allclose(ours, resize_image(image, 4), atol=1e-6)
+
+
+def test_the_cpu_trains_op_by_op_and_says_why(tmp_path):
+    trainer = make_trainer(tmp_path, steps=1)
+    assert trainer.step_graph is None
+    assert trainer.graph_off == "training on the CPU"
+
+
+def _state(trainer) -> list[torch.Tensor]:
+    """Every parameter and Adam state tensor (the same tensor objects each call while nothing refines)."""
+    tensors = []
+    for optimizer in trainer.optimizers.optimizers.values():
+        for param in (p for group in optimizer.param_groups for p in group["params"]):
+            tensors += [param.data, *(v for v in optimizer.state[param].values() if torch.is_tensor(v))]
+    return tensors
+
+
+@gpu
+def test_a_replayed_step_equals_the_eager_step(tmp_path):
+    """From the same state and camera, one step replayed and the same step run op by op (twice: the fused
+    kernel's atomic adds make op-by-op steps differ slightly from each other) give the same parameters and Adam
+    state. SH degrees 0-3 are reached by step 9, so the view-dependent colours are in the graph too."""
+    trainer = _gpu_trainer(tmp_path, 10, True, warmup_length=1000, sh_degree_interval=3)
+    trainer.train()
+    recorder = trainer.step_graph
+    # op by op: step 0 (exact binning), 1 (step 0 made the Adam state), 3, 6, 9 (SH degrees 1, 2, 3); recorded at
+    # 2, 4, 7
+    assert (recorder.captures, recorder.replays) == (3, 5)
+    camera, batch = trainer.pipeline.datamanager.next_train(11)
+    trainer.pipeline.datamanager.next_train = lambda step: (camera, batch)
+    before = [t.clone() for t in _state(trainer)]
+
+    def step_from_before() -> list[torch.Tensor]:
+        for tensor, saved in zip(_state(trainer), before):
+            tensor.copy_(saved)
+        trainer.train_iteration(11)  # not a log step: the loss comes back as a tensor
+        return [t.clone() for t in _state(trainer)]
+
+    replayed = step_from_before()
+    assert (recorder.captures, recorder.replays) == (4, 6)
+    trainer.step_graph = None
+    eager, eager_again = step_from_before(), step_from_before()
+    assert any(not torch.equal(a, b) for a, b in zip(eager, before))  # the step changed something
+    for index, (graph, op, op_again) in enumerate(zip(replayed, eager, eager_again)):
+        assert torch.isfinite(graph).all(), index
+        assert _relative(graph, op) <= 1e-5 + 10 * _relative(op_again, op), index
+
+
+@gpu
+def test_the_sh_degree_rising_records_the_graph_again(tmp_path):
+    trainer = _gpu_trainer(tmp_path, 40, True, warmup_length=1000, sh_degree_interval=15)
+    trainer.train()
+    recorder = trainer.step_graph
+    assert recorder.eager == {"exact binning": 1, "new configuration": 3}, recorder.summary()  # steps 0, 1, 15, 30
+    assert (recorder.captures, recorder.replays) == (3, 36)  # SH degrees 0, 1, 2
+
+
+@gpu
+def test_densification_records_the_graph_again(tmp_path):
+    """Refines at steps 20, 30, 40, 50 grow the splats: each next step bins exactly (eager), the one after records."""
+    trainer = _gpu_trainer(tmp_path, 60, True, warmup_length=10, refine_every=10, densify_grad_thresh=1e-9)
+    start = trainer.pipeline.model.num_points
+    trainer.train()
+    model, recorder = trainer.pipeline.model, trainer.step_graph
+    assert model.num_points > start
+    assert recorder.captures >= 5
+    # op by op: step 0 and the step after each refine (exact binning), step 1 (step 0 made the Adam state)
+    assert recorder.eager == {"exact binning": 5, "new configuration": 1}, recorder.summary()
+    assert recorder.replays == 60 - 6
+    assert all(torch.isfinite(p).all() for p in model.gauss_params.values())
+
+
+@gpu
+def test_a_non_finite_replayed_step_is_caught_and_restored(tmp_path):
+    trainer = _gpu_trainer(tmp_path, 30, True, warmup_length=1000)
+    model = trainer.pipeline.model
+
+    def poison(step: int) -> None:
+        if step == 15:
+            with torch.no_grad():
+                model.gauss_params["opacities"].fill_(float("nan"))  # in place: the graph keeps replaying
+
+    trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.BEFORE_TRAIN_ITERATION], poison))
+    trainer.train()
+    assert len(trainer.guard.events) == 1 and "step 15" in trainer.guard.events[0]
+    assert "before step 10" in trainer.guard.events[0]  # checked every 10 steps (cpu_config)
+    assert all(torch.isfinite(p).all() for p in model.gauss_params.values())
+    assert trainer.step_graph.captures >= 2  # the restore made new tensors
