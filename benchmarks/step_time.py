@@ -12,6 +12,12 @@ the same number of steps, when bytesplat's PSNR there is at least splatfacto's (
 sooner, so this is a lower bound. Writes --json (benchmarks/results/step_time.json layout), table last.
 
     python3 benchmarks/step_time.py --data .device-kit/data/lego --steps 7000 --json $OUT/step_time.json
+
+--wide: instead of --data, the built-in scene generator's still life at 1920x1080 (8 training views, 2 held out)
+with 2,000,000 initial points, generated into --wide-dir unless there (84 s and 3 GB on the CPU machine), trained
+at full resolution with densification off (so the splats stay at 2M) for --steps steps:
+
+    python3 benchmarks/step_time.py --wide --steps 1000 --profile-start 500 --json $OUT/step_time_wide.json
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from quality_seeds import Run, record, start, start_eval  # noqa: E402
 
+from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene  # noqa: E402
+
 LANES = {
     "bytesplat": "bytesplat --summary-eval False",
     "bytesplat-op-by-op": "bytesplat --summary-eval False --cuda-graph False",
@@ -32,13 +40,19 @@ LANES = {
 }
 
 
+WIDE_SCENE = DemoSceneConfig(width=1920, height=1080, num_train=8, num_eval=2, num_points=2_000_000, seed=0)
+WIDE_OPTIONS = ["--pipeline.model.num-downscales", "0", "--pipeline.model.warmup-length", "1000000000"]
+"""Full resolution from the first step; no refine (densification starts after the warm-up), so no splat is lost."""
+
+
 def run_lane(name: str, spec: str, args: argparse.Namespace) -> dict:
     method, *options = spec.split()
     if method == "bytesplat" and args.profile_steps > 0:
         options += ["--profile-steps", str(args.profile_steps), "--profile-start", str(args.profile_start)]
+    options += WIDE_OPTIONS if args.wide else []
     run = Run(name, args.seed, method, [0], options, args.out / f"{name}.log")
     launched = time.time()
-    start(run, args.steps, args.data, args.out)
+    start(run, args.steps, args.data, args.out, dataparser="bytesplat-data" if args.wide else "blender-data")
     run.process.wait()
     if start_eval(run):
         run.process.wait()
@@ -67,7 +81,9 @@ def run_lane(name: str, spec: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
+    parser.add_argument("--data", type=Path, help="lego (blender-data)")
+    parser.add_argument("--wide", action="store_true", help="the generated 1920x1080 scene with 2M splats instead")
+    parser.add_argument("--wide-dir", type=Path, default=Path("/tmp/wide-scene"))
     parser.add_argument("--steps", type=int, default=7000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--lanes", nargs="+", default=list(LANES), choices=list(LANES))
@@ -76,12 +92,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/step-time"))
     parser.add_argument("--json", type=Path, default=Path("step_time.json"))
     args = parser.parse_args()
+    if args.wide:
+        if not (args.wide_dir / "transforms.json").exists():
+            generate_demo_scene(args.wide_dir, WIDE_SCENE)
+        args.data = args.wide_dir
+    elif args.data is None:
+        parser.error("--data (lego) or --wide")
 
     import torch
 
     lanes = {name: run_lane(name, LANES[name], args) for name in args.lanes}
     ours, base = lanes.get("bytesplat"), lanes.get("splatfacto")
-    report = {"gpu": torch.cuda.get_device_name(0), "steps": args.steps, "seed": args.seed, "lanes": lanes}
+    wide = f"generated {WIDE_SCENE.width}x{WIDE_SCENE.height}, {WIDE_SCENE.num_points:,} initial splats"
+    scene = wide if args.wide else "lego"
+    report = {"gpu": torch.cuda.get_device_name(0), "scene": scene, "steps": args.steps, "seed": args.seed,
+              "lanes": lanes}  # fmt: skip
     if ours and base and "psnr" in ours and "psnr" in base:
         profile = ours.get("step_profile", {})
         reached = ours["psnr"] >= base["psnr"]
