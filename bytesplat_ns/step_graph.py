@@ -105,7 +105,6 @@ class StepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
         self._eager_key: tuple | None = None  # the configuration of the last step run op by op
-        self.capacity = 0
         self.outputs: tuple | None = None
         self.inputs: _StaticInputs | None = None
         self.bins: _FixedBins | None = None
@@ -113,7 +112,7 @@ class StepGraph:
         self.stream = torch.cuda.Stream(device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # the guard's step number in the graph
         self.lrs = torch.zeros(len(self._groups()), device=device)  # learning rates as the graph reads them
-        self._lr_values: list[float | None] = [None] * len(self.lrs)
+        self._lr_values: list[float | None] = [None] * len(self.lrs)  # what `lrs` holds (None: not written yet)
         self.captures = 0
         self.replays = 0
         self.record_seconds = 0.0
@@ -139,13 +138,13 @@ class StepGraph:
             self._forget()
             return None
         wanted = bins.next(self.model.num_points)
-        if key != self.key or wanted > self.capacity:
+        if key != self.key or wanted > self.bins.capacity:
             self._record(key, camera, batch, wanted)
         self.inputs.load(camera, batch)
         self._load_learning_rates()
         self.step.fill_(step)
         self.graph.replay()
-        bins.observe(self.bins.total, self.capacity)
+        bins.observe(self.bins.total, self.bins.capacity)
         self.model.info, self.model.pruned = self.info  # an evaluation or viewer render since may have replaced them
         self.replays += 1
         return self.outputs
@@ -196,9 +195,8 @@ class StepGraph:
         torch.cuda.current_stream().wait_stream(self.stream)
         if old is not None:
             old.reset()  # never replayed again: the new graph has taken over its pool
-        self.graph, self.key, self.capacity, self.outputs = graph, key, capacity, _detached(outputs)
+        self.graph, self.key, self.outputs = graph, key, detach_outputs(outputs)
         self.info = (_detached_info(self.model.info), self.model.pruned)  # the recorded render's, for densification
-        self._lr_values = [None] * len(groups)
         self.captures += 1
         self.record_seconds += time.perf_counter() - began
 
@@ -247,7 +245,7 @@ class StepGraph:
         return [param for optimizer in self.optimizers.optimizers.values() for param in self._group_params(optimizer)]
 
 
-def _detached(outputs: tuple) -> tuple:
+def detach_outputs(outputs: tuple) -> tuple:
     """(loss, loss_dict, metrics_dict) without their autograd graph (which would keep the recording's gradient
     accumulators, on the recording stream, alive into later eager steps)."""
     loss, loss_dict, metrics_dict = outputs

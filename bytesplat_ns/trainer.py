@@ -46,7 +46,7 @@ from bytesplat_ns.phase_clock import PhaseClock
 from bytesplat_ns.rank_watchdog import RankWatchdog
 from bytesplat_ns.run_control import RunControl
 from bytesplat_ns.run_stats import RunStats
-from bytesplat_ns.step_graph import StepGraph, ineligible
+from bytesplat_ns.step_graph import StepGraph, detach_outputs, ineligible
 from bytesplat_ns.step_profile import StepProfiler
 from bytesplat_ns.train_log import LateLogValues
 from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
@@ -244,15 +244,16 @@ class ByteSplatTrainer(Trainer):
             clock.lap("graph")
         else:
             optimizers.zero_grad_some(self._stepping(step))
-            loss, loss_dict, metrics_dict, exchange = self._update(step, camera, batch, clock)
+            *outputs, exchange = self._update(step, camera, batch, clock)
+            # nerfstudio keeps the logged values a step: with their autograd graph that would keep this step's
+            # gradient accumulators alive into the next (a replay's outputs are detached already)
+            loss, loss_dict, metrics_dict = detach_outputs(outputs)
         scale = self.grad_scaler.get_scale()
         self.grad_scaler.update()
         if scale <= self.grad_scaler.get_scale():
             optimizers.scheduler_step_all(step)
         clock.lap("optimizer")
         self.stats.add_exchange(exchange)
-        loss, loss_dict = loss.detach(), {k: v.detach() for k, v in loss_dict.items()}  # nerfstudio keeps them a
-        # step: with their autograd graph that would keep this step's gradient accumulators alive into the next
         return self.log_values(step, loss, loss_dict, metrics_dict)
 
     def _stepping(self, step: int) -> list[str]:

@@ -60,8 +60,9 @@ class BinCapacity:
 
     def next(self, num_splats: int) -> int:
         """The capacity of the next binning of `num_splats` splats, or EXACT."""
+        exact = self.needs_exact(num_splats)
         self._read_pending()
-        if num_splats != self._splats or not self._counts:
+        if exact:
             self._splats = num_splats
             return EXACT
         largest = max(count for count, _ in self._counts)
