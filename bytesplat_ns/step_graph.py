@@ -22,7 +22,8 @@ while recording the fused renderer evaluates SH with render/sh.py instead; the g
 cuDNN for the same kind of reason (model.py). tests/test_step_graph.py holds a replayed step to the same step run
 op by op.
 
-Used with one CUDA process on the fused loss path, with torch's fused Adam, the camera optimizer off, no scale
+Used with one CUDA process on the fused loss path, with the one-launch Adam (adam_all_groups.py: it reads
+its learning rates from a device tensor the trainer refreshes before each step), the camera optimizer off, no scale
 regularisation, no mixed precision and no gradient accumulation (`ineligible` says which is missing; the trainer
 then runs every step eagerly). --cuda-graph False turns it off.
 """
@@ -50,7 +51,6 @@ def ineligible(trainer) -> str | None:
     """Why `trainer`'s steps cannot be replayed as a graph (None: they can)."""
     model = trainer.pipeline.model
     cfg = model.config
-    optimizers = trainer.optimizers.optimizers.values()
     checks = [
         (not trainer.device.startswith("cuda"), "training on the CPU"),
         (trainer.world_size > 1, "several processes (the gradient exchange runs between backward and optimizer)"),
@@ -60,9 +60,7 @@ def ineligible(trainer) -> str | None:
         (cfg.use_scale_regularization, "scale regularisation (every 10th step differs)"),
         (trainer.mixed_precision, "mixed precision"),
         (any(n != 1 for n in trainer.gradient_accumulation_steps.values()), "gradient accumulation"),
-        (not all(isinstance(o, torch.optim.Adam) and o.defaults.get("fused") for o in optimizers),
-         "an optimizer other than torch's fused Adam"),
-        (any(c["optimizer"].max_norm is not None for c in trainer.optimizers.config.values()), "gradient clipping"),
+        (trainer.adam is None, f"the one-launch Adam is off ({trainer.adam_off})"),
     ]  # fmt: skip
     return next((why for failed, why in checks if failed), None)
 
@@ -111,8 +109,6 @@ class StepGraph:
         self.info: tuple | None = None
         self.stream = torch.cuda.Stream(device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # the guard's step number in the graph
-        self.lrs = torch.zeros(len(self._groups()), device=device)  # learning rates as the graph reads them
-        self._lr_values: list[float | None] = [None] * len(self.lrs)  # what `lrs` holds (None: not written yet)
         self.captures = 0
         self.replays = 0
         self.record_seconds = 0.0
@@ -141,7 +137,6 @@ class StepGraph:
         if key != self.key or wanted > self.bins.capacity:
             self._record(key, camera, batch, wanted)
         self.inputs.load(camera, batch)
-        self._load_learning_rates()
         self.step.fill_(step)
         self.graph.replay()
         bins.observe(self.bins.total, self.bins.capacity)
@@ -170,10 +165,6 @@ class StepGraph:
         self.model.info = None  # the last eager step's autograd graph must be gone: its gradient accumulators
         # belong to the default stream, which a recording may not touch
         model_bins, self.model.bins = self.model.bins, self.bins
-        groups = self._groups()
-        saved = [(group["lr"], group["capturable"]) for group in groups]
-        for index, group in enumerate(groups):
-            group["lr"], group["capturable"] = self.lrs[index], True
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream())
         try:
@@ -190,8 +181,6 @@ class StepGraph:
             ) from error
         finally:
             self.model.bins = model_bins
-            for group, (lr, capturable) in zip(groups, saved):
-                group["lr"], group["capturable"] = lr, capturable
         torch.cuda.current_stream().wait_stream(self.stream)
         if old is not None:
             old.reset()  # never replayed again: the new graph has taken over its pool
@@ -226,16 +215,6 @@ class StepGraph:
             optimizer.state.get(param) for optimizer in self.optimizers.optimizers.values()
             for param in self._group_params(optimizer)
         )  # fmt: skip
-
-    def _load_learning_rates(self) -> None:
-        """Write the learning rates the schedulers changed since the last replay (one small fill each)."""
-        for index, group in enumerate(self._groups()):
-            if group["lr"] != self._lr_values[index]:
-                self.lrs[index].fill_(group["lr"])
-                self._lr_values[index] = group["lr"]
-
-    def _groups(self) -> list[dict]:
-        return [group for optimizer in self.optimizers.optimizers.values() for group in optimizer.param_groups]
 
     @staticmethod
     def _group_params(optimizer: torch.optim.Optimizer) -> list[Tensor]:

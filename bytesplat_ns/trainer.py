@@ -38,6 +38,8 @@ from rich.panel import Panel
 from rich.table import Table
 from torch import Tensor
 
+from bytesplat_ns import adam_all_groups
+from bytesplat_ns.adam_all_groups import AdamAllGroups
 from bytesplat_ns.cpu_share import pin_to_cpu_share
 from bytesplat_ns.finite_guard import NonFiniteGuard
 from bytesplat_ns.input_checks import BadInputError, check_data_path
@@ -72,6 +74,12 @@ class ByteSplatTrainerConfig(TrainerConfig):
     cuda_graph: bool = True
     """On one CUDA GPU with the fused renderer: record the training step as a CUDA graph and replay it, recording
     again after densification (step_graph.py says when it applies). False: every step runs op by op."""
+    adam_one_launch: bool = True
+    """On CUDA: step every parameter group's Adam in one kernel launch (adam_all_groups.py). False: nerfstudio's
+    per-group step (torch's fused Adam, two launches per group)."""
+    adam_visible_only: bool = False
+    """With the one-launch Adam: update only the rows of splats this step's view sees (radius > 0); the others keep
+    their parameters and moments (Taming 3DGS's sparse Adam)."""
 
     def __post_init__(self) -> None:
         # Runs for every construction, defaults included: only values no default has are checked here.
@@ -182,10 +190,23 @@ class ByteSplatTrainer(Trainer):
         self.profiler = StepProfiler(self.config.profile_start, self.config.profile_steps,
                                      base / f"step_profile{suffix}.json", trace)  # fmt: skip
         self._time_iterations()
+        self._setup_adam()
         self.graph_off = "--cuda-graph False" if not self.config.cuda_graph else ineligible(self)
         self.step_graph = StepGraph(self, self._graph_body) if self.graph_off is None else None
         self.stop_requested = False
         self.heldout_psnr: float | None = None
+
+    def _setup_adam(self) -> None:
+        config = self.config
+        why = (
+            "--adam-one-launch False"
+            if not config.adam_one_launch
+            else adam_all_groups.ineligible(self.optimizers, self.device, self.mixed_precision)
+        )
+        if why is not None and config.adam_visible_only:
+            _exit(f"--adam-visible-only True needs the one-launch Adam, which is off here: {why}. Drop the option.")
+        self.adam_off = why
+        self.adam = AdamAllGroups(self.optimizers, self.device, config.adam_visible_only) if why is None else None
 
     def _resume_on_another_gpu_count(self) -> None:
         """A checkpoint written with N views per step, resumed with M: continue at the same number of views."""
@@ -238,6 +259,8 @@ class ByteSplatTrainer(Trainer):
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
         camera, batch = self.pipeline.datamanager.next_train(step)
+        if self.adam is not None:
+            self.adam.load_learning_rates()  # what the schedulers set last step, for the eager and replayed steps
         replayed = self.step_graph.run(step, camera, batch) if self.step_graph is not None else None
         if replayed is not None:
             (loss, loss_dict, metrics_dict), exchange = replayed, None
@@ -280,7 +303,12 @@ class ByteSplatTrainer(Trainer):
             clock.lap("exchange")
         if self.guard.check_every > 0:
             self.guard.after_backward(step if guard_step is None else guard_step, guarded_loss, optimizers.optimizers)
-        optimizers.optimizer_scaler_step_some(self.grad_scaler, self._stepping(step))
+        stepping = self._stepping(step)
+        if self.adam is not None and len(stepping) == len(optimizers.optimizers):
+            info = self.pipeline.model.info
+            self.adam.step(info.get("radii") if info else None)
+        else:
+            optimizers.optimizer_scaler_step_some(self.grad_scaler, stepping)
         return loss, loss_dict, metrics_dict, exchange
 
     def _graph_body(self, guard_step: Tensor, camera, batch: dict) -> tuple:
@@ -416,6 +444,7 @@ class ByteSplatTrainer(Trainer):
         if self.device.startswith("cuda"):
             graph = self.step_graph.summary() if self.step_graph is not None else f"off: {self.graph_off}"
             table.add_row("CUDA graph of the step", graph)
+            table.add_row("Adam", self.adam.describe() if self.adam is not None else f"per group: {self.adam_off}")
         if self.pipeline.model.bins.used:
             table.add_row("Tile binning", f"{self.pipeline.model.bins.overflows} overflows (render/bin_capacity.py)")
         for event in self.guard.events:

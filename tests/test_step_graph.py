@@ -127,3 +127,29 @@ def test_a_non_finite_replayed_step_is_caught_and_restored(tmp_path):
     assert "before step 10" in trainer.guard.events[0]  # checked every 10 steps (cpu_config)
     assert all(torch.isfinite(p).all() for p in model.gauss_params.values())
     assert trainer.step_graph.captures >= 2  # the restore made new tensors
+
+
+@gpu
+def test_a_random_background_is_drawn_anew_in_every_replay(tmp_path):
+    """Splatfacto's default random background: torch.rand recorded in the graph draws new values on each replay
+    (CUDA's graph-safe generator), it is not the recording's draw frozen."""
+    trainer = _gpu_trainer(tmp_path, 12, True, warmup_length=1000)
+    model = trainer.pipeline.model
+    model.config.background_color = "random"
+    drawn: list[torch.Tensor] = []
+    original = model._get_background_color
+
+    def keep(*args, **kwargs) -> torch.Tensor:
+        drawn.append(original(*args, **kwargs))  # a replay refills the recorded draw's tensor in place
+        return drawn[-1]
+
+    model._get_background_color = keep
+    seen = []
+    trainer.callbacks.append(
+        TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], lambda step: seen.append(drawn[-1].clone()))
+    )
+    trainer.train()
+    assert trainer.step_graph.replays >= 8
+    replayed = seen[-8:]  # steps 4-11: one recording, replayed
+    assert all(not torch.equal(a, b) for a, b in zip(replayed, replayed[1:]))
+    assert all(((0 <= c) & (c <= 1)).all() for c in replayed)

@@ -300,3 +300,20 @@ class _SSIM(torch.autograd.Function):
         x, y, dmaps = ctx.saved_tensors
         v_ssim = v_ssim.detach().to(torch.float32).reshape(1).contiguous()
         return None, ext().ssim_backward(x, y, dmaps, v_ssim, 1.0 / ctx.count, ctx.poison), None
+
+
+def adam_step(
+    params: list[Tensor],  # one per group, float32 contiguous; updated in place
+    grads: list[Tensor],  # shaped as params
+    exp_avgs: list[Tensor],  # shaped as params; updated in place
+    exp_avg_sqs: list[Tensor],  # shaped as params; updated in place
+    steps: list[Tensor],  # [] float32 each, on the device; each advanced by 1
+    lrs: Tensor,  # [G] float32
+    betas: list[tuple[float, float]],
+    eps: list[float],
+    blocks_done: Tensor,  # [1] int32 zeros, kept between calls (the kernel re-arms it)
+    visible: Tensor | None = None,  # [N] bool: rows of groups with N rows step only where True
+) -> None:
+    """One Adam step (torch's fused arithmetic) of up to 8 parameter groups in one launch (csrc/adam.h)."""
+    beta1, beta2 = [b[0] for b in betas], [b[1] for b in betas]
+    ext().adam_step(params, grads, exp_avgs, exp_avg_sqs, steps, lrs, beta1, beta2, eps, visible, blocks_done)
