@@ -200,6 +200,12 @@ class ByteSplatModel(SplatfactoModel):
         except torch.OutOfMemoryError as error:
             raise SplatOutOfMemoryError(step, self.num_points) from error
 
+    def accumulate_densification_statistics(self) -> None:
+        """Add this training step's render to the densification statistics; called by the trainer right after
+        backward (the step graph records it), before the after-iteration callback refines (strategy.py)."""
+        if self.info is not None:
+            self.strategy.accumulate(self.gauss_params, self.strategy_state, self.info, self.step)
+
     def get_extra_state(self) -> dict:
         """Densification statistics travel in checkpoints, so a resumed run densifies as the original would; and
         the views per step, so a run on another number of GPUs can convert the step count (view_schedule.py)."""

@@ -2,16 +2,16 @@
 
 On a fast GPU the training step is bound by the host: some two hundred kernel launches, each behind Python and
 torch's dispatch, while the GPU's own work takes a fraction of that time (benchmarks/RESULTS.md). A CUDA graph
-records the step's GPU work once (render, fused loss, backward, non-finite guard, Adam) and replays it with one
-launch. What the host still does per step: take the next camera, copy its pose, intrinsics and image into the
+records the step's GPU work once (render, fused loss, backward, densification statistics, non-finite guard, Adam)
+and replays it with one launch. What the host still does per step: take the next camera, copy its pose, intrinsics and image into the
 graph's input buffers, write changed learning rates on the device, replay, and queue the binning's entry count
-for its late read (render/bin_capacity.py). Densification statistics, refines, logging, evaluation and
-checkpoints run as before, between replays.
+for its late read (render/bin_capacity.py). The densification statistics are part of the step (strategy.py);
+refines, logging, evaluation and checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
-- the splat parameters or their optimizer state (densification, opacity reset, a non-finite restore: new
-  tensors), the SH degree, the resolution (splatfacto's downscale schedule), the image's shape, whether
-  densification statistics are still gathered (step < refine_stop_iter);
+- the splat parameters, their optimizer state or the densification statistics (densification, opacity reset, a
+  non-finite restore: new tensors), the SH degree, the resolution (splatfacto's downscale schedule), the image's
+  shape, whether densification statistics are still gathered (step < refine_stop_iter);
 - the binning asks for more entries than the graph's buffers hold.
 The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
 takes another loss path (masks), and the first step of any new configuration (lazy set-up of libraries on a
@@ -200,6 +200,7 @@ class StepGraph:
             for param in self._group_params(optimizer):
                 state = optimizer.state.get(param, {})
                 tensors += [param, *(state.get(name) for name in ("exp_avg", "exp_avg_sq", "step"))]
+        tensors += [model.strategy_state.get(name) for name in ("grad2d", "count", "radii")]  # None: made eagerly
         image = batch["image"]
         return (
             tuple((t.data_ptr(), tuple(t.shape)) if t is not None else None for t in tensors),

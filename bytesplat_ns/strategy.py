@@ -8,7 +8,9 @@
 3. After every refine the ranks compare their splat counts; a mismatch stops training with an error
    instead of drifting silently.
 4. The per-step statistics update needs no host sync (gsplat's indexes by a boolean mask, which makes the
-   host wait for the GPU every step); it gives the same numbers.
+   host wait for the GPU every step); it gives the same numbers. It runs inside the training step, right after
+   backward (`accumulate`), not in the after-iteration callback, so the step graph (step_graph.py) records it
+   with the rest of the step; `step_post_backward` then only refines and resets.
 The reduction and the check are the only collectives, and they run at refine steps only. With one process
 (no process group) only point 2 applies.
 
@@ -35,13 +37,32 @@ class ByteSplatStrategy(DefaultStrategy):
     """Seeds each refine's random draws (with the step)."""
     distributed: bool = False
     """Reduce the statistics over the default process group and check splat counts after each refine."""
+    _in_callback: bool = field(default=False, repr=False)
+    """True while step_post_backward runs: the statistics are in already (`accumulate`)."""
     _scales: dict = field(default_factory=dict, repr=False)
     """(width, height, cameras, device) -> the [2] gradient scale on the device, made once (each new_tensor would
     be a copy from host memory that waits for the GPU)."""
 
     @torch.no_grad()
+    def accumulate(self, params, state: dict, info: dict, step: int) -> None:
+        """This step's densification statistics (2D-mean gradient norms, visibility counts, screen radii), added
+        right after backward while they are still gathered (step < refine_stop_iter)."""
+        if step < self.refine_stop_iter:
+            self._update_state(params, state, info)
+
+    def step_post_backward(self, params, optimizers, state, step, info, packed=False):
+        """gsplat's refine schedule (grow, prune, reset); the statistics came in with the step (`accumulate`)."""
+        self._in_callback = True
+        try:
+            super().step_post_backward(params, optimizers, state, step, info, packed=packed)
+        finally:
+            self._in_callback = False
+
+    @torch.no_grad()
     def _update_state(self, params, state, info, packed=False):
         """gsplat's statistics update, with masks instead of boolean indexing: no host sync."""
+        if self._in_callback:
+            return
         if packed:
             return super()._update_state(params, state, info, packed=packed)
         means2d = info[self.key_for_gradient]

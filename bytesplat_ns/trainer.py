@@ -294,6 +294,7 @@ class ByteSplatTrainer(Trainer):
             loss = functools.reduce(torch.add, loss_dict.values())
         clock.lap("forward")
         self.grad_scaler.scale(loss).backward()
+        self.pipeline.model.accumulate_densification_statistics()
         clock.lap("backward")
         guarded_loss, exchange = loss, None
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop

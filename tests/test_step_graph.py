@@ -48,19 +48,22 @@ def test_the_cpu_trains_op_by_op_and_says_why(tmp_path):
 
 
 def _state(trainer) -> list[torch.Tensor]:
-    """Every parameter and Adam state tensor (the same tensor objects each call while nothing refines)."""
+    """Every parameter, Adam state and densification statistics tensor (the same tensor objects each call while
+    nothing refines)."""
     tensors = []
     for optimizer in trainer.optimizers.optimizers.values():
         for param in (p for group in optimizer.param_groups for p in group["params"]):
             tensors += [param.data, *(v for v in optimizer.state[param].values() if torch.is_tensor(v))]
-    return tensors
+    strategy_state = trainer.pipeline.model.strategy_state
+    return tensors + [strategy_state[name] for name in ("grad2d", "count") if strategy_state[name] is not None]
 
 
 @gpu
 def test_a_replayed_step_equals_the_eager_step(tmp_path):
     """From the same state and camera, one step replayed and the same step run op by op (twice: the fused
-    kernel's atomic adds make op-by-op steps differ slightly from each other) give the same parameters and Adam
-    state. SH degrees 0-3 are reached by step 9, so the view-dependent colours are in the graph too."""
+    kernel's atomic adds make op-by-op steps differ slightly from each other) give the same parameters, Adam
+    state and densification statistics. SH degrees 0-3 are reached by step 9, so the view-dependent colours are
+    in the graph too."""
     trainer = _gpu_trainer(tmp_path, 10, True, warmup_length=1000, sh_degree_interval=3)
     trainer.train()
     recorder = trainer.step_graph

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from gsplat.strategy import DefaultStrategy
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
 
 from bytesplat_ns.strategy import ByteSplatStrategy
 
@@ -57,3 +58,27 @@ def test_refine_draws_depend_on_seed_and_step_only():
         results.append(ps["means"].detach().clone())
     assert results[0].shape[0] > N
     assert torch.equal(results[0], results[1])
+
+
+def test_a_training_step_adds_its_statistics_once(tmp_path):
+    """The statistics come in with the step (strategy.accumulate, right after backward); the after-iteration
+    callback only refines: each step counts a splat it sees once, and adds what gsplat's update would."""
+    from tests.trainer_setup import make_trainer
+
+    trainer = make_trainer(tmp_path, steps=3, warmup_length=1000)
+    model = trainer.pipeline.model
+    reference = DefaultStrategy(absgrad=model.strategy.absgrad, refine_scale2d_stop_iter=0)
+    expected = reference.initialize_state()
+    seen = []
+
+    def update_reference(step: int) -> None:
+        params = {"means": model.gauss_params["means"]}
+        reference._update_state(params, expected, model.info)
+        seen.append(model.info["radii"] > 0)
+
+    trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], update_reference))
+    trainer.train()
+    state = model.strategy_state
+    assert torch.equal(state["count"], torch.stack(seen).sum(dim=0).reshape(-1).float())
+    assert state["count"].max() == 3
+    torch.testing.assert_close(state["grad2d"], expected["grad2d"])
