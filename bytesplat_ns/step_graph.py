@@ -3,10 +3,10 @@
 On a fast GPU the training step is bound by the host: some two hundred kernel launches, each behind Python and
 torch's dispatch, while the GPU's own work takes a fraction of that time (benchmarks/RESULTS.md). A CUDA graph
 records the step's GPU work once (render, fused loss, backward, densification statistics, non-finite guard, Adam)
-and replays it with one launch. What the host still does per step: take the next camera, copy its pose, intrinsics and image into the
-graph's input buffers, write changed learning rates on the device, replay, and queue the binning's entry count
-for its late read (render/bin_capacity.py). The densification statistics are part of the step (strategy.py);
-refines, logging, evaluation and checkpoints run as before, between replays.
+and replays it with one launch. What the host still does per step: take the next camera, copy its pose,
+intrinsics and image into the graph's input buffers, write changed learning rates on the device, replay, and
+queue the binning's entry count for its late read (render/bin_capacity.py). Refines, logging, evaluation and
+checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
 - the splat parameters, their optimizer state or the densification statistics (densification, opacity reset, a

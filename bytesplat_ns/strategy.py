@@ -80,7 +80,7 @@ class ByteSplatStrategy(DefaultStrategy):
         state["count"] += visible.sum(dim=0)
         if self.refine_scale2d_stop_iter > 0:
             screen = info["radii"] / float(max(info["width"], info["height"]))
-            state["radii"] = torch.maximum(state["radii"], torch.where(visible, screen, 0.0).amax(dim=0))
+            torch.maximum(state["radii"], torch.where(visible, screen, 0.0).amax(dim=0), out=state["radii"])
 
     @torch.no_grad()
     def _grow_gs(self, params, optimizers, state, step):

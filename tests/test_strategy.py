@@ -77,7 +77,16 @@ def test_a_training_step_adds_its_statistics_once(tmp_path):
         seen.append(model.info["radii"] > 0)
 
     trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], update_reference))
+    addresses = []  # the step graph bakes the statistics' tensors in: they must be updated in place
+    trainer.callbacks.append(
+        TrainingCallback(
+            [TrainingCallbackLocation.AFTER_TRAIN_ITERATION],
+            lambda step: addresses.append([model.strategy_state[k].data_ptr() for k in ("grad2d", "count", "radii")]),
+        )
+    )
     trainer.train()
+    assert model.strategy.refine_scale2d_stop_iter > 0  # the screen radii are tracked too
+    assert addresses[0] == addresses[-1]
     state = model.strategy_state
     assert torch.equal(state["count"], torch.stack(seen).sum(dim=0).reshape(-1).float())
     assert state["count"].max() == 3
