@@ -205,6 +205,11 @@ class ByteSplatTrainer(Trainer):
         )
         if why is not None and config.adam_visible_only:
             _exit(f"--adam-visible-only True needs the one-launch Adam, which is off here: {why}. Drop the option.")
+        if config.adam_visible_only and self.world_size > 1:
+            _exit(
+                "--adam-visible-only True trains on one GPU only: each rank sees another view, so the ranks would "
+                "update different splats and drift apart. Drop the option or train on one GPU."
+            )
         self.adam_off = why
         self.adam = AdamAllGroups(self.optimizers, self.device, config.adam_visible_only) if why is None else None
 
