@@ -36,6 +36,22 @@ from bytesplat_ns.strategy import ByteSplatStrategy
 GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
 
+def neighbour_distances(points: Tensor, k: int) -> Tensor:
+    """[N, 3] -> [N, k] float32: each point's distances to its k nearest other points, as splatfacto's
+    k_nearest_sklearn gives them (its initial scales), from scipy's KD-tree queried on every core: the same numbers
+    as sklearn's single-threaded search, seconds sooner for millions of points."""
+    from scipy.spatial import cKDTree
+
+    if points.shape[0] <= k:
+        raise ValueError(
+            f"{points.shape[0]} initial points: sizing the splats needs at least {k + 1} (each from its {k} nearest "
+            "neighbours). Start from random points with --pipeline.model.random-init True."
+        )
+    cloud = points.detach().cpu().numpy()
+    distances, _ = cKDTree(cloud).query(cloud, k=k + 1, workers=-1)
+    return torch.from_numpy(distances[:, 1:]).float()
+
+
 @dataclass
 class ByteSplatModelConfig(SplatfactoModelConfig):
     """Splatfacto's options plus the choice of renderer."""
@@ -156,8 +172,7 @@ class ByteSplatModel(SplatfactoModel):
             return {name: torch.nn.Parameter(t.contiguous()) for name, t in tensors.items()}
         seeded = self.seed_points is not None and not cfg.random_init
         means = self.seed_points[0].float() if seeded else (torch.rand(cfg.num_random, 3) - 0.5) * cfg.random_scale
-        distances, _ = self.k_nearest_sklearn(means, 3)
-        scales = torch.log(torch.from_numpy(distances).mean(dim=-1, keepdim=True)).repeat(1, 3)
+        scales = torch.log(neighbour_distances(means, 3).mean(dim=-1, keepdim=True)).repeat(1, 3)
         n, dim_sh = means.shape[0], num_sh_bases(cfg.sh_degree)
         shs = torch.zeros(n, dim_sh, 3)
         if seeded and self.seed_points[1].shape[0] > 0:
