@@ -40,7 +40,7 @@ from torch import Tensor
 
 StepBody = Callable[[Tensor, object, dict], tuple]
 """(step as a [] int64 device tensor, camera, batch) -> (loss, loss_dict, metrics_dict): the step's forward,
-backward, guard and optimizer update, as the trainer runs it eagerly."""
+backward, densification statistics, guard and optimizer update, as the trainer runs it eagerly."""
 
 
 class StepGraphError(RuntimeError):

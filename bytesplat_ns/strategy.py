@@ -37,8 +37,6 @@ class ByteSplatStrategy(DefaultStrategy):
     """Seeds each refine's random draws (with the step)."""
     distributed: bool = False
     """Reduce the statistics over the default process group and check splat counts after each refine."""
-    _in_callback: bool = field(default=False, repr=False)
-    """True while step_post_backward runs: the statistics are in already (`accumulate`)."""
     _scales: dict = field(default_factory=dict, repr=False)
     """(width, height, cameras, device) -> the [2] gradient scale on the device, made once (each new_tensor would
     be a copy from host memory that waits for the GPU)."""
@@ -46,25 +44,10 @@ class ByteSplatStrategy(DefaultStrategy):
     @torch.no_grad()
     def accumulate(self, params, state: dict, info: dict, step: int) -> None:
         """This step's densification statistics (2D-mean gradient norms, visibility counts, screen radii), added
-        right after backward while they are still gathered (step < refine_stop_iter)."""
-        if step < self.refine_stop_iter:
-            self._update_state(params, state, info)
-
-    def step_post_backward(self, params, optimizers, state, step, info, packed=False):
-        """gsplat's refine schedule (grow, prune, reset); the statistics came in with the step (`accumulate`)."""
-        self._in_callback = True
-        try:
-            super().step_post_backward(params, optimizers, state, step, info, packed=packed)
-        finally:
-            self._in_callback = False
-
-    @torch.no_grad()
-    def _update_state(self, params, state, info, packed=False):
-        """gsplat's statistics update, with masks instead of boolean indexing: no host sync."""
-        if self._in_callback:
+        right after backward while they are still gathered (step < refine_stop_iter): gsplat's update, with masks
+        instead of boolean indexing (no host sync), in place (the step graph keeps the tensors)."""
+        if step >= self.refine_stop_iter:
             return
-        if packed:
-            return super()._update_state(params, state, info, packed=packed)
         means2d = info[self.key_for_gradient]
         grads = means2d.absgrad if self.absgrad else means2d.grad  # [C, N, 2]
         key = (info["width"], info["height"], info["n_cameras"], grads.device)
@@ -81,6 +64,10 @@ class ByteSplatStrategy(DefaultStrategy):
         if self.refine_scale2d_stop_iter > 0:
             screen = info["radii"] / float(max(info["width"], info["height"]))
             torch.maximum(state["radii"], torch.where(visible, screen, 0.0).amax(dim=0), out=state["radii"])
+
+    def _update_state(self, params, state, info, packed=False):
+        """Nothing: gsplat's step_post_backward calls this before it refines, but the statistics came in with the
+        step (`accumulate`)."""
 
     @torch.no_grad()
     def _grow_gs(self, params, optimizers, state, step):

@@ -30,7 +30,7 @@ def test_statistics_update_equals_gsplats_bit_for_bit(absgrad):
     generator = torch.Generator().manual_seed(0)
     for _ in range(3):
         info = random_info(generator)
-        ours._update_state(params, state_ours, info)
+        ours.accumulate(params, state_ours, info, step=0)
         theirs._update_state(params, state_theirs, info)
     for key in ("grad2d", "count", "radii"):
         assert torch.equal(state_ours[key], state_theirs[key]), key
