@@ -47,6 +47,25 @@ WIDE_OPTIONS = ["--pipeline.model.num-downscales", "0", "--pipeline.model.warmup
 """Full resolution from the first step; no refine (densification starts after the warm-up), so no splat is lost."""
 
 
+STARTUP_PHASES = {
+    "trainer": "imports and command line",
+    "pipeline": "nerfstudio set-up: data, model, optimizers, writers",
+    "images": "training images cached",
+    "setup": "the rest of the trainer's set-up",
+    "train": "to the training loop",
+}
+
+
+def startup_phases(launched: float, stats: dict) -> dict[str, float]:
+    """Seconds of each start-up phase (the trainer's marks, RunStats.startup_unix), launch to the first step."""
+    marks = [(mark, stats["startup_unix"][mark]) for mark in STARTUP_PHASES if mark in stats.get("startup_unix", {})]
+    phases, last = {}, launched
+    for mark, at in [*marks, ("first step", stats["first_step_unix"])]:
+        phases[STARTUP_PHASES.get(mark, "to the first step")] = at - last
+        last = at
+    return phases
+
+
 def run_lane(name: str, spec: str, args: argparse.Namespace) -> dict:
     method, *options = spec.split()
     if method == "bytesplat" and args.profile_steps > 0:
@@ -63,6 +82,7 @@ def run_lane(name: str, spec: str, args: argparse.Namespace) -> dict:
     if stats_path.exists():
         stats = json.loads(stats_path.read_text())
         result["startup_s"] = stats["first_step_unix"] - launched
+        result["startup_phases_s"] = startup_phases(launched, stats)
         keys = (
             "views_per_second",
             "phase_ms",
@@ -126,6 +146,9 @@ def main() -> None:
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
+    for name, r in lanes.items():
+        for phase, seconds in r.get("startup_phases_s", {}).items():
+            print(f"{name} start-up: {seconds:6.2f} s {phase}")
     print(f"\n{'lane':<22} {'loop ms':>7} {'iter ms':>7} {'2nd half':>8} {'train s':>8} {'start s':>7} {'PSNR':>6} "
           f"{'SSIM':>6} {'splats':>8} {'MB':>6} {'launch':>6} {'syncs':>5} {'gpu ms':>6}")  # fmt: skip
     fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731

@@ -39,6 +39,9 @@ class RunStats:
     """Part of the exchange -> sum over steps of its host wall time (inside the exchange phase)."""
     first_step_unix: float | None = None
     """Wall-clock time (time.time()) at which the first training step began: start-up ends there."""
+    startup_unix: dict[str, float] = field(default_factory=dict)
+    """Start-up mark -> wall-clock time (time.time()) it was passed (trainer.py: trainer made, pipeline set up,
+    images cached, set-up done, training loop entered); with first_step_unix, where start-up goes."""
     _started: float | None = None
 
     def start_step(self) -> None:

@@ -105,6 +105,7 @@ class ByteSplatTrainer(Trainer):
     config: ByteSplatTrainerConfig
 
     def __init__(self, config: ByteSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
+        self.startup_marks = {"trainer": time.time()}  # after the imports and the command line (RunStats)
         if config.machine.device_type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(local_rank)  # before anything touches CUDA: nerfstudio never does this
         self.rank = dist.get_rank() if world_size > 1 else 0
@@ -171,9 +172,11 @@ class ByteSplatTrainer(Trainer):
                     self.config.pipeline.datamanager.data or self.config.pipeline.datamanager.dataparser.data
                 )
             super().setup(test_mode)
+            self.startup_marks["pipeline"] = time.time()
             self.pipeline.model.strategy.seed = self.config.machine.seed
             if test_mode != "inference":
                 self.pipeline.datamanager.cached_train  # noqa: B018  (load the images now, not in the first step)
+                self.startup_marks["images"] = time.time()
             self._resume_on_another_gpu_count()
             if self.world_size > 1:
                 self._join_ranks()
@@ -183,7 +186,7 @@ class ByteSplatTrainer(Trainer):
             _exit(str(error))
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
         self.log_values = LateLogValues(self.config.logging.steps_per_log)
-        self.stats = RunStats(views_per_step=self.world_size)
+        self.stats = RunStats(views_per_step=self.world_size, startup_unix=self.startup_marks)
         suffix = "" if self.is_main else f"_rank{self.rank}"
         base = self.config.get_base_dir()
         trace = base / f"step_trace{suffix}.json.gz" if self.config.profile_trace else None
@@ -195,6 +198,7 @@ class ByteSplatTrainer(Trainer):
         self.step_graph = StepGraph(self, self._graph_body) if self.graph_off is None else None
         self.stop_requested = False
         self.heldout_psnr: float | None = None
+        self.startup_marks["setup"] = time.time()
 
     def _setup_adam(self) -> None:
         config = self.config
@@ -324,6 +328,7 @@ class ByteSplatTrainer(Trainer):
     # -- stopping, memory, checkpoints ------------------------------------------------------------
     def train(self) -> None:
         self.train_start = time.perf_counter()
+        self.startup_marks["train"] = time.time()
         handlers = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
