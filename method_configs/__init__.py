@@ -10,12 +10,15 @@ from nerfstudio.configs.base_config import ViewerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from nerfstudio.plugins.types import MethodSpecification
 
+from bytesplat_ns import nerfstudio_patches
 from bytesplat_ns.datamanager import ByteSplatDatamanagerConfig
 from bytesplat_ns.dataparser import ByteSplatDataParserConfig
 from bytesplat_ns.fused_adam import FusedAdamOptimizerConfig
 from bytesplat_ns.model import ByteSplatModelConfig
 from bytesplat_ns.pipeline import ByteSplatPipelineConfig
 from bytesplat_ns.trainer import ByteSplatTrainerConfig
+
+nerfstudio_patches.quicken_external_methods()  # nerfstudio loads this module just before it needs the change
 
 
 def _adam(lr: float, decay_to: float | None = None, max_steps: int = 30000, warmup: int = 0) -> dict:
