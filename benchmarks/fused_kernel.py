@@ -99,7 +99,7 @@ class Bench:
         counts = (prep.tiles.end - prep.tiles.start).long()
         self.stats = {
             "splats": int(splats.count), "visible": int((prep.radii > 0).sum()), "entries": int(counts.sum()),
-            "max_per_tile": int(counts.max()), "capacity": self.capacity,
+            "max_per_tile": int(counts.max()), "capacity": self.capacity, "tile_size": prep.tiles.tile_size,
             "tiles_over_capacity": int((counts > self.capacity).sum()), "pruned": int(pruned_prep.tiles.pruned.item()),
         }  # fmt: skip
         self.offsets = prep.tiles.start.reshape(1, prep.tiles.tiles_y, prep.tiles.tiles_x)
@@ -118,8 +118,8 @@ class Bench:
         if variant == "gsplat":
             from gsplat.cuda._wrapper import rasterize_to_pixels
 
-            render, alpha = rasterize_to_pixels(m, c[None], col[None], o[None], self.w, self.h, 16, self.offsets,
-                                                self.tiles.ids, absgrad=True)  # fmt: skip
+            render, alpha = rasterize_to_pixels(m, c[None], col[None], o[None], self.w, self.h, self.tiles.tile_size,
+                                                self.offsets, self.tiles.ids, absgrad=True)  # fmt: skip
             render, alpha = render[0], alpha[0]
             loss = ((render + (1 - alpha) * self.bg).clamp(0, 1) - self.gt).abs().mean()
         elif variant == "fused_autograd":
@@ -154,7 +154,8 @@ def errors(bench: Bench) -> dict:
 
     with torch.no_grad():
         ref, _ = rasterize_to_pixels(bench.means2d, bench.conics[None], bench.colors[None], bench.opacities[None],
-                                     bench.w, bench.h, 16, bench.offsets, bench.tiles.ids)  # fmt: skip
+                                     bench.w, bench.h, bench.tiles.tile_size, bench.offsets,
+                                     bench.tiles.ids)  # fmt: skip
         mine, _ = ops.render_pixels(bench.means2d, bench.conics, bench.colors, bench.opacities, bench.tiles,
                                     bench.w, bench.h)  # fmt: skip
     out["max_abs_err_image"] = (mine - ref[0]).abs().max().item()
@@ -227,7 +228,7 @@ def main() -> None:
         row["ms"] = {v: median_ms(lambda v=v, b=bench: b.step(v)) for v in VARIANTS}
         row["ms_by_blocks_per_sm"] = {}
         for blocks in args.blocks_per_sm:
-            capacity = ops.tile_capacity(torch.device("cuda"), 3, blocks)
+            capacity = ops.tile_capacity(torch.device("cuda"), 3, bench.tiles.tile_size, blocks)
             row["ms_by_blocks_per_sm"][blocks] = {"capacity": capacity} | {
                 v: median_ms(lambda v=v, b=bench, c=capacity: b.step(v, c)) for v in ("fused_autograd", "fused_l1")
             }

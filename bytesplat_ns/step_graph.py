@@ -10,8 +10,9 @@ checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
 - the splat parameters, their optimizer state or the densification statistics (densification, opacity reset, a
-  non-finite restore: new tensors), the SH degree, the resolution (splatfacto's downscale schedule), the image's
-  shape, whether densification statistics are still gathered (step < refine_stop_iter);
+  non-finite restore: new tensors), the SH degree, the resolution (splatfacto's downscale schedule; it also fixes
+  the fused kernels' tile side), the image's shape, whether densification statistics are still gathered (step <
+  refine_stop_iter);
 - the binning asks for more entries than the graph's buffers hold.
 The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
 takes another loss path (masks), and the first step of any new configuration (lazy set-up of libraries on a
@@ -202,6 +203,8 @@ class StepGraph:
                 tensors += [param, *(state.get(name) for name in ("exp_avg", "exp_avg_sq", "step"))]
         tensors += [model.strategy_state.get(name) for name in ("grad2d", "count", "radii")]  # None: made eagerly
         image = batch["image"]
+        # The fused kernels' tile side (16 or 8 pixels, cuda/ops.py tile_size_for) is not an entry of its own: it
+        # follows from the render's size alone, which the downscale factor and the camera's size below fix.
         return (
             tuple((t.data_ptr(), tuple(t.shape)) if t is not None else None for t in tensors),
             min(model.step // cfg.sh_degree_interval, cfg.sh_degree),

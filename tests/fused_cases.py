@@ -1,5 +1,6 @@
 """GPU helpers of tests/test_fused_backend.py: random 2D scenes, the float64 reference on the same numbers and
-tile lists, and the comparisons. Imported only where CUDA is available."""
+tile lists, and the comparisons, on tiles of 16 or 8 pixels (Scene.tile_size). Imported only where CUDA is
+available."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Scene:
     bins: TileBins
     width: int
     height: int
+    tile_size: int  # tile side of `bins` in pixels, 16 or 8: the kernels run on the same tiles
 
 
 def tolerances(image_atol, grad_rtol, shift, flipped_fraction, flipped_atol) -> dict:
@@ -39,13 +41,25 @@ def tolerances(image_atol, grad_rtol, shift, flipped_fraction, flipped_atol) -> 
                 flipped_atol=flipped_atol)  # fmt: skip
 
 
-def device_capacity(channels: int) -> int:
-    return ops.tile_capacity(torch.device(DEVICE), channels)
+def device_capacity(channels: int, tile_size: int) -> int:
+    return ops.tile_capacity(torch.device(DEVICE), channels, tile_size)
+
+
+@contextlib.contextmanager
+def tile_side(side: int):
+    """The fused backend on tiles of `side` pixels whatever the image size (ops.tile_size_for stood in for)."""
+    saved = ops.tile_size_for
+    ops.tile_size_for = lambda width, height, device: side
+    try:
+        yield
+    finally:
+        ops.tile_size_for = saved
 
 
 def random_2d_scene(count, width, height, seed, placement, channels, footprint=(0.5, 6.0), opacity=(0.05, 0.95),
-                    box=None, color_max=1.0) -> Scene:  # fmt: skip
-    """Projected splats drawn in float64, rounded to float32 once; depths on a shuffled grid (no ties).
+                    box=None, color_max=1.0, tile_size=16) -> Scene:  # fmt: skip
+    """Projected splats drawn in float64, rounded to float32 once; depths on a shuffled grid (no ties); binned by
+    the reference on tiles of `tile_size` pixels.
     placement "left": small splats in the left 30% only, so the tiles on the right stay empty."""
     g = torch.Generator().manual_seed(seed)
     if placement == "left":
@@ -76,18 +90,46 @@ def random_2d_scene(count, width, height, seed, placement, channels, footprint=(
     f32 = lambda t: t.to(device=DEVICE, dtype=torch.float32).contiguous()  # noqa: E731
     means2d, conics, colors, opacities, depths = map(f32, (means2d, conics, colors, opacities, depths))
     radii = radii.to(device=DEVICE, dtype=torch.int32)
-    tiles_x, tiles_y = math.ceil(width / 16), math.ceil(height / 16)
-    bins = bin_tiles(means2d, radii, depths, tiles_x, tiles_y, 16)
-    return Scene(means2d, conics, colors, opacities, depths, radii, bins, width, height)
+    tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
+    bins = bin_tiles(means2d, radii, depths, tiles_x, tiles_y, tile_size)
+    return Scene(means2d, conics, colors, opacities, depths, radii, bins, width, height, tile_size)
 
 
-def overflowing_scene(seed: int, width: int, height: int) -> Scene:
-    """8000 small splats over one 16x16 tile: its list is longer than any GPU's on-chip capacity."""
-    return random_2d_scene(8000, width, height, seed, "spread", channels=4, footprint=(0.3, 1.0),
-                           opacity=(0.05, 0.6), box=(16.0, 32.0, 0.0, 16.0))  # fmt: skip
+def overflowing_scene(seed: int, width: int, height: int, tile_size: int) -> Scene:
+    """8000 small splats over the 16x16 pixels at x 16..32, y 0..16 (one 16-pixel tile, four 8-pixel ones): lists
+    longer than any GPU's on-chip capacity. On 8-pixel tiles, fainter splats: a list a quarter as long, a larger
+    capacity, so more splats per pixel must stay below saturation for a pixel to use splats past the capacity."""
+    opacity = (0.05, 0.6) if tile_size == 16 else (0.02, 0.3)
+    return random_2d_scene(8000, width, height, seed, "spread", channels=4, footprint=(0.3, 1.0), opacity=opacity,
+                           box=(16.0, 32.0, 0.0, 16.0), tile_size=tile_size)  # fmt: skip
 
 
-def lists_from_bins(bins: TileBins) -> ops.TileLists:
+def deepest_used_entry(scene: Scene, lists: ops.TileLists) -> int:
+    """The largest position, in its tile's list, of a splat composited into some pixel (float64, gsplat's rules
+    as in the reference). At or past the capacity the fused kernel composites the tile in chunks and reloads the
+    first one for the backward pass."""
+    side, deepest = scene.tile_size, -1
+    offsets = torch.arange(side, device=DEVICE, dtype=F64) + 0.5
+    py, px = (t.reshape(-1) for t in torch.meshgrid(offsets, offsets, indexing="ij"))  # [P] pixel centres in a tile
+    for tile in range(lists.tiles_x * lists.tiles_y):
+        ids = lists.ids[int(lists.start[tile]) : int(lists.end[tile])].long()  # [K]
+        x, y = px + tile % lists.tiles_x * side, py + tile // lists.tiles_x * side
+        inside = (x < scene.width) & (y < scene.height)
+        if ids.numel() == 0 or not inside.any():
+            continue
+        dx = scene.means2d[ids, 0].to(F64)[None] - x[inside, None]  # [P, K]
+        dy = scene.means2d[ids, 1].to(F64)[None] - y[inside, None]
+        a, b, c = scene.conics[ids].to(F64).unbind(-1)
+        sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+        alpha = torch.clamp_max(scene.opacities[ids].to(F64) * torch.exp(-sigma), ref.ALPHA_MAX)
+        valid = (sigma >= 0) & (alpha >= ref.ALPHA_MIN)
+        used = valid & (torch.cumprod(1.0 - alpha * valid, dim=-1) > ref.TRANSMITTANCE_MIN)
+        positions = torch.arange(ids.numel(), device=DEVICE)
+        deepest = max(deepest, int(torch.where(used, positions, -1).max()))
+    return deepest
+
+
+def lists_from_bins(bins: TileBins, tile_size: int) -> ops.TileLists:
     k = bins.max_per_tile
     counts = bins.counts
     mask = torch.arange(k, device=counts.device)[None] < counts[:, None]
@@ -95,7 +137,8 @@ def lists_from_bins(bins: TileBins) -> ops.TileLists:
     ids = bins.tile_splats[mask].to(torch.int32).contiguous()
     none = torch.zeros(1, dtype=torch.int32, device=counts.device)
     end = (start + counts).to(torch.int32)
-    return ops.TileLists(start=start, end=end, ids=ids, tiles_x=bins.tiles_x, tiles_y=bins.tiles_y, pruned=none)
+    return ops.TileLists(start=start, end=end, ids=ids, tiles_x=bins.tiles_x, tiles_y=bins.tiles_y, pruned=none,
+                         tile_size=tile_size)  # fmt: skip
 
 
 def bins_from_lists(lists: ops.TileLists, n: int) -> TileBins:
@@ -123,7 +166,8 @@ def reference(scene: Scene, bins: TileBins, grad: bool = True):
     proj = Projected(means2d=leaves[0], conics=leaves[1], depths=scene.depths.to(F64), radii=scene.radii)
     cam = RasterCamera(torch.eye(4, dtype=F64), torch.eye(3, dtype=F64), scene.width, scene.height)
     absgrad = torch.zeros(scene.means2d.shape[0] + 1, 2, dtype=F64, device=DEVICE)
-    image, alpha = ref.composite(leaves[0], proj, leaves[3], leaves[2], bins, cam, 16, absgrad if grad else None)
+    image, alpha = ref.composite(leaves[0], proj, leaves[3], leaves[2], bins, cam, scene.tile_size,
+                                 absgrad if grad else None)  # fmt: skip
     return image, alpha, leaves, absgrad
 
 
@@ -156,8 +200,8 @@ def assert_grad_close(actual: Tensor, expected: Tensor, rtol: float, what: str) 
     assert err <= rtol * ref_norm or (ref_norm == 0 and err == 0), f"{what}: |err| {err:.3g}, |ref| {ref_norm:.3g}"
 
 
-def _capacity(capacity, channels: int) -> int:
-    return device_capacity(channels) if capacity == "device" else int(capacity)
+def _capacity(capacity, channels: int, tile_size: int) -> int:
+    return device_capacity(channels, tile_size) if capacity == "device" else int(capacity)
 
 
 def _leaves(scene: Scene) -> list[Tensor]:
@@ -178,11 +222,13 @@ def _compare_grads(leaves, ref_leaves, ref_absgrad, scene: Scene, rtol: float) -
 
 def check_autograd_path(scene: Scene, capacity, tol: dict, lists: ops.TileLists | None = None) -> None:
     bins = scene.bins if lists is None else bins_from_lists(lists, scene.means2d.shape[0])
-    lists = lists_from_bins(scene.bins) if lists is None else lists
+    lists = lists_from_bins(scene.bins, scene.tile_size) if lists is None else lists
+    assert lists.tile_size == scene.tile_size
     channels = scene.colors.shape[-1]
     leaves = _leaves(scene)
-    render, alpha = ops.rasterize_pixels(*leaves, lists, scene.width, scene.height, _capacity(capacity, channels),
-                                         absgrad=True, poison=True)  # fmt: skip
+    render, alpha = ops.rasterize_pixels(*leaves, lists, scene.width, scene.height,
+                                         _capacity(capacity, channels, scene.tile_size), absgrad=True,
+                                         poison=True)  # fmt: skip
     g = torch.Generator(device=DEVICE).manual_seed(scene.means2d.shape[0])
     w_render = torch.randn(*render.shape, generator=g, device=DEVICE, dtype=F64)
     w_alpha = torch.randn(*alpha.shape, generator=g, device=DEVICE, dtype=F64)
@@ -199,14 +245,14 @@ def check_autograd_path(scene: Scene, capacity, tol: dict, lists: ops.TileLists 
 def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, tol: dict) -> None:
     from pytorch_msssim import ssim
 
-    lists = lists_from_bins(scene.bins)
+    lists = lists_from_bins(scene.bins, scene.tile_size)
     g = torch.Generator(device=DEVICE).manual_seed(scene.means2d.shape[0] + 1)
     gt = torch.rand(scene.height, scene.width, 3, generator=g, device=DEVICE)
     bg = torch.tensor(background, device=DEVICE)
     leaves = _leaves(scene)
     loss = FusedLoss(**weights)
-    value, rgb, _ = fused_loss_raster(*leaves, lists, gt, bg, loss, device_capacity(3), absgrad=True,
-                                      want_image=True, poison=True)  # fmt: skip
+    value, rgb, _ = fused_loss_raster(*leaves, lists, gt, bg, loss, device_capacity(3, scene.tile_size),
+                                      absgrad=True, want_image=True, poison=True)  # fmt: skip
     value.backward()
 
     image64, alpha64, ref_leaves, absgrad64 = reference(scene, scene.bins)
@@ -223,23 +269,25 @@ def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, t
 
 
 def prune_scores(scene: Scene, ids: Tensor, tile: int, tiles_x: int) -> Tensor:
-    """The pruning criterion (csrc/prune_tiles.h) in float64."""
-    x0, y0 = float(tile % tiles_x * 16), float(tile // tiles_x * 16)
+    """The pruning criterion (csrc/prune_tiles.h) in float64, on the scene's tiles."""
+    side = scene.tile_size
+    x0, y0 = float(tile % tiles_x * side), float(tile // tiles_x * side)
     m = scene.means2d[ids].to(F64)
     a, b, c = scene.conics[ids].to(F64).unbind(-1)
-    dx = m[:, 0] - m[:, 0].clamp(x0, x0 + 16)
-    dy = m[:, 1] - m[:, 1].clamp(y0, y0 + 16)
+    dx = m[:, 0] - m[:, 0].clamp(x0, x0 + side)
+    dy = m[:, 1] - m[:, 1].clamp(y0, y0 + side)
     sigma = (0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy).clamp_min(0)
-    area = (2 * math.pi / torch.sqrt((a * c - b * b).clamp_min(1e-30))).clamp_max(256.0)
+    area = (2 * math.pi / torch.sqrt((a * c - b * b).clamp_min(1e-30))).clamp_max(float(side * side))
     return scene.opacities[ids].to(F64) * torch.exp(-sigma) * area
 
 
 def check_pruning(scene: Scene, capacity: int, score_rtol: float) -> None:
-    full = lists_from_bins(scene.bins)
+    full = lists_from_bins(scene.bins, scene.tile_size)
     kept = torch.tensor([full.ids.numel()], dtype=torch.int32, device=DEVICE)
     bins = ops.TileEntries(ids=full.ids.clone(), offsets=full.start, kept=kept, total=kept.long(), tiles_x=full.tiles_x,
-                        tiles_y=full.tiles_y)  # fmt: skip
+                           tiles_y=full.tiles_y, tile_size=scene.tile_size)  # fmt: skip
     pruned = ops.tile_lists(bins, scene.means2d, scene.conics, scene.opacities, capacity)
+    assert pruned.tile_size == scene.tile_size
     counts = (full.end - full.start).long()
     assert torch.equal((pruned.end - pruned.start).long(), counts.clamp_max(capacity))
     assert int(pruned.pruned.item()) == int((counts - capacity).clamp_min(0).sum())
@@ -259,7 +307,9 @@ def check_pruning(scene: Scene, capacity: int, score_rtol: float) -> None:
     check_autograd_path(scene, "device", tolerances(1e-4, 1e-3, 1e-4, 0.02, 0.02), lists=pruned)
 
 
-def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float) -> None:
+def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float, tile_size: int) -> None:
+    """The whole fused backend on tiles of `tile_size` pixels against the gsplat backend on tiles of the same side
+    (which pixels a splat reaches depends on the tiles: its radius square picks them)."""
     from tests.test_gsplat_parity import _assert_mostly_close, _on_device, _render_and_backprop, build_scene
 
     scene, cam32, _ = build_scene(20000, 203, 157, seed)
@@ -267,8 +317,9 @@ def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float)
     weights = {name: torch.randn(157, 203, d, generator=gen, dtype=F64).to(DEVICE)
                for name, d in (("rgb", 3), ("alpha", 1), ("depth", 1))}  # fmt: skip
     weights["depth"] *= 0.1
-    gs = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "gsplat", weights)
-    fu = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "fused", weights)
+    gs = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "gsplat", weights, tile_size)
+    with tile_side(tile_size):
+        fu = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "fused", weights)
     one = torch.ones((), dtype=F64, device=DEVICE)
     for name in ("rgb", "alpha"):
         assert torch.isfinite(fu[name]).all(), name
@@ -279,7 +330,8 @@ def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float)
     assert_grad_close(fu["means2d.absgrad"], gs["means2d.absgrad"].double(), grad_rtol, "fused vs gsplat: absgrad")
 
 
-def check_fused_loss_step(seed: int, grad_rtol: float, loss_rtol: float) -> None:
+def check_fused_loss_step(seed: int, grad_rtol: float, loss_rtol: float, tile_size: int) -> None:
+    """`fused_loss_step` against autograd through `rasterize(backend="fused")`, both on tiles of `tile_size`."""
     from pytorch_msssim import ssim
 
     from tests.test_gsplat_parity import _on_device, build_scene
@@ -291,18 +343,18 @@ def check_fused_loss_step(seed: int, grad_rtol: float, loss_rtol: float) -> None
     results = []
     for fused in (True, False):
         splats = _on_device(scene, torch.float32, True)
-        if fused:
-            out = fused_loss_step(splats, cam, opts, gt, FusedLoss(), want_image=True)
-            out.means2d.retain_grad()
-            loss = out.loss
-        else:
-            out = rasterize(splats, cam, opts)
-            out.means2d.retain_grad()
-            pred = out.rgb.clamp(0.0, 1.0)
-            loss = 0.8 * (pred - gt).abs().mean() + 0.2 * (
-                1 - ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
-            )
-        loss.backward()
+        with tile_side(tile_size):
+            if fused:
+                out = fused_loss_step(splats, cam, opts, gt, FusedLoss(), want_image=True)
+                out.means2d.retain_grad()
+                loss = out.loss
+            else:
+                out = rasterize(splats, cam, opts)
+                out.means2d.retain_grad()
+                pred = out.rgb.clamp(0.0, 1.0)
+                pair = (gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+                loss = 0.8 * (pred - gt).abs().mean() + 0.2 * (1 - ssim(*pair, data_range=1.0, size_average=True))
+            loss.backward()
         grads = {n: getattr(splats, n).grad for n in ("means", "quats", "scales", "opacities", "colors")}
         grads["means2d"], grads["absgrad"] = out.means2d.grad, out.means2d.absgrad
         results.append((loss.item(), grads, int(out.pruned.item())))
@@ -319,13 +371,14 @@ def check_binning(scene: Scene, mode: str) -> None:
     after the entries) or "short" (a smaller one: the first entries in splat order, sorted)."""
     from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles
 
-    tiles_x, tiles_y = math.ceil(scene.width / 16), math.ceil(scene.height / 16)
-    args = (scene.means2d[None], scene.radii[None], scene.depths[None], 16, tiles_x, tiles_y)
+    side = scene.tile_size
+    tiles_x, tiles_y = math.ceil(scene.width / side), math.ceil(scene.height / side)
+    args = (scene.means2d[None], scene.radii[None], scene.depths[None], side, tiles_x, tiles_y)
     _, unsorted, unsorted_ids = isect_tiles(*args, sort=False)
     total = unsorted.numel()
     capacity = {"exact": -1, "spare": total + 1000, "short": max(1, total // 2)}[mode]
     keys, ids, offsets, kept, counted = ops.ext().bin_tiles(
-        scene.means2d, scene.radii, scene.depths, tiles_x, tiles_y, capacity
+        scene.means2d, scene.radii, scene.depths, tiles_x, tiles_y, side, capacity
     )
     used = min(total, keys.numel())
     assert int(counted.item()) == total and int(kept.item()) == used
@@ -340,9 +393,9 @@ def check_binning(scene: Scene, mode: str) -> None:
     assert bool(((keys[used:] >> 32) == tiles_x * tiles_y).all()), "padding must sort after every tile"
 
 
-def check_bin_capacity_renders(seed: int) -> None:
+def check_bin_capacity_renders(seed: int, tile_size: int) -> None:
     """Training renders with a BinCapacity (buffers sized from earlier counts, no host read) equal exact binning's,
-    bit for bit; a capacity too small is counted as an overflow a render later."""
+    bit for bit; a capacity too small is counted as an overflow a render later. On tiles of `tile_size`."""
     from bytesplat_ns.render.bin_capacity import EXACT, BinCapacity
     from tests.test_gsplat_parity import _on_device, build_scene
 
@@ -356,16 +409,36 @@ def check_bin_capacity_renders(seed: int) -> None:
 
     scene, cam, _ = build_scene(20000, 203, 157, seed)
     splats = _on_device(scene, torch.float32, False)
-    exact = rasterize(splats, cam, RasterizeOptions(backend="fused"))
-    bins = Recorded(lag=1)  # counts read a render later (training reads them STEPS_LATE renders later)
-    for _ in range(3):
-        out = rasterize(splats, cam, RasterizeOptions(backend="fused", bins=bins))
-        assert torch.equal(out.rgb, exact.rgb) and torch.equal(out.alpha, exact.alpha)
-    assert bins.given[0] == EXACT and bins.given[1] == bins.given[2] > 0 and bins.given[1] % bins.granule == 0
-    bins.next(splats.count)
-    assert bins.overflows == 0
-    small = BinCapacity(headroom=0.25, granule=1, lag=1)
-    for _ in range(3):
-        rasterize(splats, cam, RasterizeOptions(backend="fused", bins=small))
-    small.next(splats.count)
-    assert small.overflows == 2  # the second and third renders had a quarter of the entries they needed
+    with tile_side(tile_size):
+        exact = rasterize(splats, cam, RasterizeOptions(backend="fused"))
+        bins = Recorded(lag=1)  # counts read a render later (training reads them STEPS_LATE renders later)
+        for _ in range(3):
+            out = rasterize(splats, cam, RasterizeOptions(backend="fused", bins=bins))
+            assert torch.equal(out.rgb, exact.rgb) and torch.equal(out.alpha, exact.alpha)
+        assert bins.given[0] == EXACT and bins.given[1] == bins.given[2] > 0 and bins.given[1] % bins.granule == 0
+        bins.next(splats.count)
+        assert bins.overflows == 0
+        small = BinCapacity(headroom=0.25, granule=1, lag=1)
+        for _ in range(3):
+            rasterize(splats, cam, RasterizeOptions(backend="fused", bins=small))
+        small.next(splats.count)
+        assert small.overflows == 2  # the second and third renders had a quarter of the entries they needed
+
+
+def check_backend_tile_side(seed: int) -> None:
+    """The fused backend bins an image on 8-pixel tiles when it has fewer 16-pixel tiles than the device has SMs,
+    else on 16-pixel tiles, with the on-chip capacity of that side."""
+    from bytesplat_ns.render.fused_backend import prepare
+    from tests.test_gsplat_parity import _on_device, build_scene
+
+    sms = torch.cuda.get_device_properties(torch.device(DEVICE)).multi_processor_count
+    assert ops.sm_count(torch.cuda.current_device()) == sms
+    for width, height in ((100, 100), (320, 240), (800, 608)):
+        scene, cam, _ = build_scene(2000, width, height, seed)
+        with torch.no_grad():
+            prep = prepare(_on_device(scene, torch.float32, False), cam, RasterizeOptions(), with_depth=False)
+        side = 8 if math.ceil(width / 16) * math.ceil(height / 16) < sms else 16
+        assert ops.tile_size_for(width, height, prep.means2d.device) == side
+        assert prep.tiles.tile_size == side, (width, height, sms)
+        assert (prep.tiles.tiles_x, prep.tiles.tiles_y) == (math.ceil(width / side), math.ceil(height / side))
+        assert prep.capacity == device_capacity(3, side)

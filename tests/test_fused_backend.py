@@ -3,13 +3,16 @@
 CPU (CI): the lazy loader's errors and cache key, and every csrc/ source compiled (nvcc for .cu, the host
 compiler against torch's headers for .cpp) without running anything.
 
+CPU: also the rule that picks 8-pixel tiles for images with fewer 16-pixel tiles than the GPU has SMs.
+
 GPU: the kernels on random 2D splats against `torch_backend.composite` in float64, fed the very same float32
-numbers and the same tile lists, so only the compositing itself is compared. Scenes of several sizes, image
-sizes that are not multiples of 16, empty tiles, a single splat, tiles longer than the on-chip capacity
-(pruning off: chunked), and pruning on. Outputs are poisoned with NaN before each run. Checked: image and
-alpha within IMAGE_ATOL, every gradient within GRAD_RTOL norm-wise, no NaN, for the autograd path and for the
-fused loss path (L1 + L2 + D-SSIM) against torch autograd of the same loss. Then the whole backend against the
-gsplat backend (same projection) and `fused_loss_step` against autograd through `rasterize(backend="fused")`.
+numbers and the same tile lists, so only the compositing itself is compared, on 16- and 8-pixel tiles
+(TILE_SIZES: every comparison runs on both). Scenes of several sizes, image sizes that are not multiples of the
+tile, empty tiles, a single splat, tiles longer than the on-chip capacity (pruning off: chunked), and pruning on.
+Outputs are poisoned with NaN before each run. Checked: image and alpha within IMAGE_ATOL, every gradient within
+GRAD_RTOL norm-wise, no NaN, for the autograd path and for the fused loss path (L1 + L2 + D-SSIM) against torch
+autograd of the same loss. Then the whole backend against the gsplat backend (same projection, same tile side)
+and `fused_loss_step` against autograd through `rasterize(backend="fused")`.
 
 Per-pixel cut-offs (alpha >= 1/255, transmittance > 1e-4) are discrete: float32 and float64 may decide a
 (pixel, splat) pair differently when it sits within rounding of a cut-off. Such pixels are found by rendering the
@@ -51,12 +54,49 @@ CASES = {
     "n500-96x64-empty-tiles": (500, 96, 64, 5, "left"),
     "n1-17x33-single": (1, 17, 33, 6, "spread"),
 }
+TILE_SIZES = [16, 8]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernels need a CUDA GPU")
 
 
 # ----------------------------------------------------------------------------------------------
 # CPU: loader and sources
 # ----------------------------------------------------------------------------------------------
+
+
+def test_small_images_get_8_pixel_tiles(monkeypatch):
+    """8-pixel tiles exactly when the image has fewer 16-pixel tiles than the device has SMs (132 on the H200)."""
+    from bytesplat_ns.cuda import ops
+
+    monkeypatch.setattr(ops, "sm_count", lambda index: 132)
+    cuda = torch.device("cuda", 0)
+    assert ops.tile_size_for(100, 100, cuda) == ops.SMALL_TILE_SIZE == 8  # lego at a quarter: 7x7 = 49 tiles
+    assert ops.tile_size_for(200, 200, cuda) == ops.TILE_SIZE == 16  # 13x13 = 169
+    assert ops.tile_size_for(800, 800, cuda) == 16
+    assert ops.tile_size_for(12 * 16, 11 * 16, cuda) == 16  # 132 tiles: not fewer than the SMs
+    assert ops.tile_size_for(11 * 16 + 1, 11 * 16, cuda) == 16  # a partial tile counts: 12x11
+    assert ops.tile_size_for(11 * 16, 11 * 16, cuda) == 8  # 121
+    assert ops.tile_size_for(131 * 16, 1, cuda) == 8
+    assert ops.tile_size_for(1, 1, cuda) == 8
+    monkeypatch.setattr(ops, "sm_count", lambda index: 1)  # one SM: never fewer tiles than that
+    assert ops.tile_size_for(1, 1, cuda) == 16
+
+
+def test_the_sm_count_is_read_once_per_device(monkeypatch):
+    from bytesplat_ns.cuda import ops
+
+    reads = []
+
+    def properties(index):
+        reads.append(index)
+        return type("Properties", (), {"multi_processor_count": 132})()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    ops.sm_count.cache_clear()
+    try:
+        assert ops.sm_count(0) == ops.sm_count(0) == 132 and ops.sm_count(1) == 132
+        assert reads == [0, 1]
+    finally:
+        ops.sm_count.cache_clear()
 
 
 def test_importing_compiles_nothing():
@@ -161,65 +201,100 @@ if torch.cuda.is_available():  # the GPU helpers live in their own module, impor
 
 
 @gpu
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("capacity", ["device", SMALL_CAPACITY])
-def test_autograd_path_matches_reference(name, capacity):
+def test_autograd_path_matches_reference(name, capacity, tile_size):
     count, width, height, seed, placement = CASES[name]
-    scene = fc.random_2d_scene(count, width, height, seed, placement, channels=4)
+    scene = fc.random_2d_scene(count, width, height, seed, placement, channels=4, tile_size=tile_size)
     fc.check_autograd_path(scene, capacity, fc.tolerances(IMAGE_ATOL, GRAD_RTOL, CUTOFF_SHIFT, FLIPPED_FRACTION,
                                                           FLIPPED_ATOL))  # fmt: skip
 
 
 @gpu
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("ssim", [0.0, 0.2])
-def test_loss_path_matches_reference(name, ssim):
+def test_loss_path_matches_reference(name, ssim, tile_size):
     count, width, height, seed, placement = CASES[name]
-    scene = fc.random_2d_scene(count, width, height, seed + 100, placement, channels=3)
+    scene = fc.random_2d_scene(count, width, height, seed + 100, placement, channels=3, tile_size=tile_size)
     weights = dict(l1=1.0 - ssim, l2=0.3, ssim=ssim)
     fc.check_loss_path(scene, weights, BACKGROUND, LOSS_RTOL, fc.tolerances(IMAGE_ATOL, GRAD_RTOL, CUTOFF_SHIFT,
                                                                           FLIPPED_FRACTION, FLIPPED_ATOL))  # fmt: skip
 
 
 @gpu
-def test_tiles_beyond_device_capacity_without_pruning():
-    scene = fc.overflowing_scene(seed=7, width=40, height=24)
-    capacity = fc.device_capacity(4)
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
+def test_tiles_beyond_device_capacity_without_pruning(tile_size):
+    scene = fc.overflowing_scene(seed=7, width=40, height=24, tile_size=tile_size)
+    capacity = fc.device_capacity(4, tile_size)
     assert int(scene.bins.counts.max()) > capacity, "the scene must overflow the on-chip capacity"
+    deepest = fc.deepest_used_entry(scene, fc.lists_from_bins(scene.bins, tile_size))
+    assert deepest >= capacity, f"pixels must use splats past the first chunk ({deepest} < {capacity})"
     fc.check_autograd_path(scene, "device", fc.tolerances(IMAGE_ATOL, GRAD_RTOL, CUTOFF_SHIFT, FLIPPED_FRACTION,
                                                           FLIPPED_ATOL))  # fmt: skip
 
 
 @gpu
-def test_pruning_keeps_the_strongest_in_depth_order():
-    scene = fc.random_2d_scene(5000, 96, 80, 8, "spread", channels=3)
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
+def test_pruning_keeps_the_strongest_in_depth_order(tile_size):
+    scene = fc.random_2d_scene(5000, 96, 80, 8, "spread", channels=3, tile_size=tile_size)
     fc.check_pruning(scene, SMALL_CAPACITY, SCORE_RTOL)
 
 
 @gpu
-def test_backend_matches_gsplat_backend():
-    fc.check_backend_against_gsplat(seed=9, image_atol=IMAGE_ATOL, grad_rtol=GRAD_RTOL)
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
+def test_backend_matches_gsplat_backend(tile_size):
+    fc.check_backend_against_gsplat(seed=9, image_atol=IMAGE_ATOL, grad_rtol=GRAD_RTOL, tile_size=tile_size)
 
 
 @gpu
-def test_fused_loss_step_matches_autograd_through_rasterize():
-    fc.check_fused_loss_step(seed=10, grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL)
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
+def test_fused_loss_step_matches_autograd_through_rasterize(tile_size):
+    fc.check_fused_loss_step(seed=10, grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, tile_size=tile_size)
 
 
 @gpu
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("mode", ["exact", "spare", "short"])
-def test_binning_matches_gsplat(name, mode):
+def test_binning_matches_gsplat(name, mode, tile_size):
     count, width, height, seed, placement = CASES[name]
-    fc.check_binning(fc.random_2d_scene(count, width, height, seed + 200, placement, channels=3), mode)
+    scene = fc.random_2d_scene(count, width, height, seed + 200, placement, channels=3, tile_size=tile_size)
+    fc.check_binning(scene, mode)
 
 
 @gpu
-def test_training_binning_needs_no_count_and_counts_overflows():
-    fc.check_bin_capacity_renders(seed=11)
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
+def test_training_binning_needs_no_count_and_counts_overflows(tile_size):
+    fc.check_bin_capacity_renders(seed=11, tile_size=tile_size)
 
 
 @gpu
-def test_capacity_is_read_from_the_device_at_run_time():
-    rgb, rgbd = fc.device_capacity(3), fc.device_capacity(4)
+def test_the_backend_picks_the_tile_side_by_image_size():
+    fc.check_backend_tile_side(seed=12)
+
+
+@gpu
+def test_the_kernels_take_16_or_8_pixel_tiles_only():
+    from bytesplat_ns.cuda import ops
+
+    scene = fc.random_2d_scene(200, 64, 48, 1, "spread", channels=3)
+    lists = fc.lists_from_bins(scene.bins, 16)
+    splats = (scene.means2d, scene.conics, scene.colors, scene.opacities)
+    with pytest.raises(RuntimeError, match="tile_size must be 16 or 8"):
+        ops.ext().rasterize_forward(*splats, lists.start, lists.end, lists.ids, 64, 48, 2, 32, False)
+    with pytest.raises(RuntimeError, match="tiles_x = 4 does not match width 64 with 8-pixel tiles"):
+        ops.ext().rasterize_forward(*splats, lists.start, lists.end, lists.ids, 64, 48, 4, 8, False)
+    lists.tile_size = 32
+    with pytest.raises(ValueError, match="tiles of 32 pixels; the kernels take 16 or 8"):
+        ops.render_pixels(*splats, lists, 64, 48)
+
+
+@gpu
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
+def test_capacity_is_read_from_the_device_at_run_time(tile_size):
+    rgb, rgbd = fc.device_capacity(3, tile_size), fc.device_capacity(4, tile_size)
     assert 256 <= rgbd < rgb, (rgb, rgbd)  # 40 and 44 bytes per splat on-chip
+    # the same shared memory per block on either side; an 8-pixel tile's block keeps less of it fixed
+    assert fc.device_capacity(3, 8) > fc.device_capacity(3, 16) and fc.device_capacity(4, 8) > fc.device_capacity(4, 16)

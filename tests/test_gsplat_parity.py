@@ -160,7 +160,8 @@ def build_scene(count: int, width: int, height: int, seed: int):
 # ----------------------------------------------------------------------------------------------
 
 
-def _render_and_backprop(splats: Splats, cam: RasterCamera, backend: str, weights: dict) -> dict:
+def _render_and_backprop(splats: Splats, cam: RasterCamera, backend: str, weights: dict, tile_size: int = 16) -> dict:
+    """`tile_size`: the gsplat and torch backends' tile side (the fused backend picks its own)."""
     dtype = splats.means.dtype
     opts = RasterizeOptions(
         sh_degree=SH_DEGREE,
@@ -169,6 +170,7 @@ def _render_and_backprop(splats: Splats, cam: RasterCamera, backend: str, weight
         absgrad=True,
         near_plane=NEAR_PLANE,
         far_plane=FAR_PLANE,
+        tile_size=tile_size,
         backend=backend,
     )
     out = rasterize(splats, cam, opts)

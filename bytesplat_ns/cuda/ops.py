@@ -2,7 +2,7 @@
 
 Layout as gsplat's `_wrapper.py`: checks and reshaping here, the Functions only make inputs contiguous, call
 the kernel and save what backward needs. All tensors are float32 on one CUDA device; N splats, T tiles of
-16x16 pixels, M tile entries.
+16x16 pixels (8x8 for small images: `tile_size_for`), M tile entries.
 """
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ from torch import Tensor
 from bytesplat_ns.cuda import build
 
 TILE_SIZE = 16
+"""Tile side in pixels of the kernels by default: one block of 16x16 threads per tile, one pixel each."""
+SMALL_TILE_SIZE = 8
+"""Tile side for images with fewer 16-pixel tiles than the GPU has SMs (`tile_size_for`): blocks of 8x8 threads."""
 BLOCKS_PER_SM = 4
-"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory. 4 is what the
-kernel's register budget allows (kMinBlocksPerSm in csrc/rasterize_fused.cu: keep the two equal); on the H200 it
-ran faster than 2 or 3 on both benchmark scenes (benchmarks/RESULTS.md, sixth session). More would only shrink the
-capacity: registers keep at most 4 blocks on an SM."""
+"""Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory, for either tile
+side. For 16-pixel tiles 4 is what the kernel's register budget allows (kMinBlocksPerSm<16> in
+csrc/rasterize_fused.cu: keep the two equal); on the H200 it ran faster than 2 or 3 on both benchmark scenes
+(benchmarks/RESULTS.md, sixth session). More would only shrink the capacity: registers keep at most 4 blocks on an
+SM. 8-pixel tiles get the same share per block (more splats fit: their blocks' fixed part is smaller); 4 per SM is
+all they need: they are used only for images of fewer than 4 x SMs 8-pixel tiles (`tile_size_for`:
+ceil(w/8) ceil(h/8) <= 4 ceil(w/16) ceil(h/16) < 4 SMs), so all their blocks fit on the GPU at once."""
 
 
 @dataclass
@@ -33,6 +39,7 @@ class TileLists:
     tiles_x: int
     tiles_y: int
     pruned: Tensor  # [1] int32 entries dropped by on-chip pruning (stays on the device: no sync)
+    tile_size: int  # tile side in pixels, TILE_SIZE or SMALL_TILE_SIZE
 
 
 @dataclass
@@ -49,17 +56,43 @@ def ext():
     return build.load()
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
-def _capacity(device_index: int, channels: int, blocks_per_sm: int) -> int:
+def _capacity(device_index: int, channels: int, tile_size: int, blocks_per_sm: int) -> int:
     with torch.cuda.device(device_index):
-        return int(ext().fused_capacity(channels, blocks_per_sm))
+        return int(ext().fused_capacity(channels, tile_size, blocks_per_sm))
 
 
-def tile_capacity(device: torch.device, channels: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
-    """Splats per tile that the fused kernel holds on-chip, from the device's shared memory (read at run time) when
-    `blocks_per_sm` blocks share an SM."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _capacity(index, channels, blocks_per_sm)
+def tile_capacity(device: torch.device, channels: int, tile_size: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    """Splats per tile of `tile_size` pixels that the fused kernel holds on-chip, from the device's shared memory
+    (read at run time) when `blocks_per_sm` blocks share an SM. Larger for 8-pixel tiles than for 16: the same
+    shared memory per block, less of it fixed (BLOCKS_PER_SM)."""
+    return _capacity(_index(device), channels, tile_size, blocks_per_sm)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on the H200)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def tile_size_for(width: int, height: int, device: torch.device) -> int:
+    """The tile side the kernels use for a width x height image on `device`: SMALL_TILE_SIZE (8) when the image has
+    fewer 16-pixel tiles, ceil(w/16) ceil(h/16), than the device has SMs, else TILE_SIZE (16).
+
+    Why: the kernels run one block per tile, each walking its tile's list of splats. With fewer tiles than SMs some
+    SMs idle while each block walks a long list; on lego's first 3000 steps (100x100 pixels, 7x7 = 49 tiles on the
+    H200's 132 SMs) rasterization took 2.5 of the 3.0 GPU ms per step. 8-pixel tiles give that image 13x13 = 169
+    blocks, each walking a shorter list. With at least one 16-pixel tile per SM the larger tiles stay: every SM is
+    busy, and a 16-pixel block loads each splat once for 256 pixels instead of 64.
+
+    The choice depends on the image size only (and the device), so a training step at a given resolution always
+    uses the same side (step_graph.py relies on that)."""
+    tiles = -(-width // TILE_SIZE) * -(-height // TILE_SIZE)
+    return SMALL_TILE_SIZE if tiles < sm_count(_index(device)) else TILE_SIZE
 
 
 @dataclass
@@ -72,6 +105,7 @@ class TileEntries:
     total: Tensor  # [1] int64 entries the splats make (more than C when the capacity overflowed)
     tiles_x: int
     tiles_y: int
+    tile_size: int  # tile side in pixels, TILE_SIZE or SMALL_TILE_SIZE
 
 
 def bin_tiles(
@@ -80,15 +114,19 @@ def bin_tiles(
     depths: Tensor,  # [N]
     tiles_x: int,
     tiles_y: int,
+    tile_size: int,
     capacity: int,
 ) -> TileEntries:
-    """gsplat's tile binning (isect_tiles + isect_offset_encode, one camera) into buffers of `capacity` entries,
-    without a host sync; capacity < 0: the exact count (one host read). See csrc/bin_tiles.h."""
+    """gsplat's tile binning (isect_tiles + isect_offset_encode, one camera) on tiles of `tile_size` pixels into
+    buffers of `capacity` entries, without a host sync; capacity < 0: the exact count (one host read). See
+    csrc/bin_tiles.h."""
     _, ids, offsets, kept, total = ext().bin_tiles(
         means2d.detach().contiguous(), radii.to(torch.int32).contiguous(), depths.detach().contiguous(), tiles_x,
-        tiles_y, capacity,
+        tiles_y, tile_size, capacity,
     )  # fmt: skip
-    return TileEntries(ids=ids, offsets=offsets, kept=kept, total=total, tiles_x=tiles_x, tiles_y=tiles_y)
+    return TileEntries(
+        ids=ids, offsets=offsets, kept=kept, total=total, tiles_x=tiles_x, tiles_y=tiles_y, tile_size=tile_size
+    )
 
 
 def tile_lists(
@@ -98,15 +136,17 @@ def tile_lists(
     opacities: Tensor,  # [N]
     capacity: int | None,
 ) -> TileLists:
-    """Tile ranges from the binning; with a capacity, tiles with more entries keep only the `capacity` splats
-    that contribute most there (criterion in csrc/prune_tiles.h), in depth order."""
+    """Tile ranges from the binning; with a capacity (tile_capacity of the binning's tile side), tiles with more
+    entries keep only the `capacity` splats that contribute most there (criterion in csrc/prune_tiles.h), in depth
+    order."""
     end, pruned = ext().tile_ranges(
         bins.offsets, bins.ids, means2d.detach().contiguous(), conics.detach().contiguous(),
-        opacities.detach().contiguous(), bins.kept, bins.tiles_x, capacity or 0,
+        opacities.detach().contiguous(), bins.kept, bins.tiles_x, bins.tile_size, capacity or 0,
     )  # fmt: skip
     return TileLists(
-        start=bins.offsets, end=end, ids=bins.ids, tiles_x=bins.tiles_x, tiles_y=bins.tiles_y, pruned=pruned
-    )
+        start=bins.offsets, end=end, ids=bins.ids, tiles_x=bins.tiles_x, tiles_y=bins.tiles_y, pruned=pruned,
+        tile_size=bins.tile_size,
+    )  # fmt: skip
 
 
 def rasterize_pixels(
@@ -117,7 +157,7 @@ def rasterize_pixels(
     tiles: TileLists,
     width: int,
     height: int,
-    capacity: int,
+    capacity: int,  # splats per on-chip chunk, at most tile_capacity(device, D, tiles.tile_size)
     absgrad: bool = False,
     poison: bool = False,
 ) -> tuple[Tensor, Tensor]:
@@ -136,7 +176,7 @@ def render_pixels(
     with torch.no_grad():
         return ext().rasterize_forward(
             *_flat(means2d, conics, colors, opacities), tiles.start, tiles.end, tiles.ids, width, height,
-            tiles.tiles_x, poison,
+            tiles.tiles_x, tiles.tile_size, poison,
         )  # fmt: skip
 
 
@@ -149,7 +189,7 @@ def loss_pixels(
     gt: Tensor,  # [H, W, 3]
     background: Tensor | None,  # [3]
     weights: LossWeights,
-    capacity: int,
+    capacity: int,  # splats per on-chip chunk, at most tile_capacity(device, 3, tiles.tile_size)
     v_extra: Tensor | None = None,  # [H, W, 3] extra dL/d pred (the D-SSIM term's gradient)
     extra_loss: Tensor | None = None,  # [] the value of the loss whose gradient v_extra is
     absgrad: bool = False,
@@ -185,8 +225,16 @@ def _check(means2d, conics, colors, opacities, tiles: TileLists, width: int, hei
             raise ValueError(f"fused rasterizer: {name} must be float32 on CUDA, got {t.dtype} on {t.device}.")
         if t.numel() // max(n, 1) * n != t.numel():
             raise ValueError(f"fused rasterizer: {name} has shape {tuple(t.shape)}, not N={n} rows.")
-    if (tiles.tiles_x, tiles.tiles_y) != (-(-width // TILE_SIZE), -(-height // TILE_SIZE)):
-        raise ValueError(f"fused rasterizer: {tiles.tiles_x}x{tiles.tiles_y} tiles do not cover {width}x{height}.")
+    if tiles.tile_size not in (TILE_SIZE, SMALL_TILE_SIZE):
+        raise ValueError(
+            f"fused rasterizer: tiles of {tiles.tile_size} pixels; the kernels take {TILE_SIZE} or {SMALL_TILE_SIZE} "
+            "(tile_size_for picks one for an image size)."
+        )
+    side = tiles.tile_size
+    if (tiles.tiles_x, tiles.tiles_y) != (-(-width // side), -(-height // side)):
+        raise ValueError(
+            f"fused rasterizer: {tiles.tiles_x}x{tiles.tiles_y} tiles of {side} pixels do not cover {width}x{height}."
+        )
 
 
 def _set_absgrad(means2d: Tensor, v_abs: Tensor) -> None:
@@ -198,7 +246,7 @@ class _Rasterize(torch.autograd.Function):
     def forward(ctx, means2d, conics, colors, opacities, tiles, width, height, capacity, absgrad, poison):
         flat = _flat(means2d, conics, colors, opacities)
         render, alpha = ext().rasterize_forward(
-            *flat, tiles.start, tiles.end, tiles.ids, width, height, tiles.tiles_x, poison
+            *flat, tiles.start, tiles.end, tiles.ids, width, height, tiles.tiles_x, tiles.tile_size, poison
         )
         ctx.save_for_backward(means2d, *flat[1:])
         ctx.tiles, ctx.size, ctx.capacity, ctx.absgrad = tiles, (width, height), capacity, absgrad
@@ -211,8 +259,8 @@ class _Rasterize(torch.autograd.Function):
         tiles, (width, height) = ctx.tiles, ctx.size
         v_means2d, v_abs, v_conics, v_colors, v_opacities = ext().rasterize_backward(
             means2d.detach().reshape(-1, 2).contiguous(), conics, colors, opacities, tiles.start, tiles.end,
-            tiles.ids, width, height, tiles.tiles_x, ctx.capacity, v_render.contiguous(), v_alpha.contiguous(),
-            ctx.absgrad,
+            tiles.ids, width, height, tiles.tiles_x, tiles.tile_size, ctx.capacity, v_render.contiguous(),
+            v_alpha.contiguous(), ctx.absgrad,
         )  # fmt: skip
         if ctx.absgrad:
             _set_absgrad(means2d, v_abs)
@@ -229,7 +277,7 @@ class _FusedLoss(torch.autograd.Function):
         height, width = gt.shape[:2]
         loss, v_means2d, v_abs, v_conics, v_colors, v_opacities, render, alpha = ext().rasterize_loss(
             *_flat(means2d, conics, colors, opacities), tiles.start, tiles.end, tiles.ids, width, height,
-            tiles.tiles_x, capacity, gt.detach().contiguous(),
+            tiles.tiles_x, tiles.tile_size, capacity, gt.detach().contiguous(),
             None if v_extra is None else v_extra.detach().contiguous(),
             None if background is None else background.detach().to(torch.float32).contiguous(),
             weights.l1, weights.l2, weights.clamp, want_image, absgrad, poison,

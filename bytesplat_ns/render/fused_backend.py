@@ -22,12 +22,16 @@ Two ways in:
     It returns the loss as a tensor whose backward hands out the gradients already computed (scaled), so
     `loss.backward()` in the trainer reaches the splat parameters through gsplat's projection and SH.
 
+Tiles: 16x16 pixels, or 8x8 when the image has fewer 16-pixel tiles than the GPU has SMs (`ops.tile_size_for`:
+then more, shorter tile lists keep every SM busy). The side depends on the image size only; RasterizeOptions.tile_size
+(gsplat's and the torch reference's tile side) is not read here.
+
 Shared-memory-aware pruning (RasterizeOptions.prune_on_chip): the fused kernel holds up to `tile_capacity`
-splats per tile on-chip, from the device's shared memory per block read at run time (cuda/ops.py). A tile
-with more entries keeps the `capacity` that contribute most there, by opacity x peak falloff inside the tile
-x footprint area (capped at the tile's area), in depth order (csrc/prune_tiles.h). The count of dropped
-entries comes back as a device tensor (RenderOutputs.pruned), read by no one here: no host sync. With
-pruning off, long tiles are composited in chunks and reloaded for the backward pass.
+splats per tile on-chip (per tile side), from the device's shared memory per block read at run time
+(cuda/ops.py). A tile with more entries keeps the `capacity` that contribute most there, by opacity x peak
+falloff inside the tile x footprint area (capped at the tile's area), in depth order (csrc/prune_tiles.h). The
+count of dropped entries comes back as a device tensor (RenderOutputs.pruned), read by no one here: no host
+sync. With pruning off, long tiles are composited in chunks and reloaded for the backward pass.
 """
 
 from __future__ import annotations
@@ -89,13 +93,10 @@ class Prepared:
 
 def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_depth: bool) -> Prepared:
     """Projection and SH through gsplat's kernels, called as gsplat's `rasterization()` calls them; then our tile
-    binning, into a buffer sized by `opts.bins` (no host sync) or exactly."""
+    binning on tiles of `ops.tile_size_for` the image size (16 or 8 pixels; opts.tile_size is gsplat's, unused
+    here), into a buffer sized by `opts.bins` (no host sync) or exactly."""
     from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
 
-    if opts.tile_size != ops.TILE_SIZE:
-        raise ValueError(
-            f"The fused renderer uses {ops.TILE_SIZE}x{ops.TILE_SIZE} tiles, got tile_size={opts.tile_size}."
-        )
     viewmats, Ks = camera.viewmat[None], camera.K[None]  # [1, 4, 4], [1, 3, 3]
     radii, means2d, depths, conics, _ = fully_fused_projection(
         splats.means, None, splats.quats, splats.scales, viewmats, Ks, camera.width, camera.height,
@@ -115,12 +116,13 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
         colors = torch.cat([colors, depths[..., None]], dim=-1)  # [1, N, 4]
     opacities = splats.opacities[None]  # [1, N]
 
-    tiles_x, tiles_y = math.ceil(camera.width / ops.TILE_SIZE), math.ceil(camera.height / ops.TILE_SIZE)
+    tile_size = ops.tile_size_for(camera.width, camera.height, means2d.device)
+    tiles_x, tiles_y = math.ceil(camera.width / tile_size), math.ceil(camera.height / tile_size)
     entries = opts.bins.next(splats.count) if opts.bins is not None else EXACT
-    bins = ops.bin_tiles(means2d[0], radii[0], depths[0], tiles_x, tiles_y, entries)
+    bins = ops.bin_tiles(means2d[0], radii[0], depths[0], tiles_x, tiles_y, tile_size, entries)
     if opts.bins is not None:
         opts.bins.observe(bins.total, entries)
-    capacity = ops.tile_capacity(means2d.device, colors.shape[-1])
+    capacity = ops.tile_capacity(means2d.device, colors.shape[-1], tile_size)
     tiles = ops.tile_lists(bins, means2d[0], conics[0], opacities[0], capacity if opts.prune_on_chip else None)
     return Prepared(means2d, conics, colors, opacities, radii, tiles, capacity)
 

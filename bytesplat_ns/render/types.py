@@ -61,6 +61,8 @@ class RasterizeOptions:
     eps2d: float = 0.3
     """Screen-space blur added to each 2D covariance's diagonal, in pixels squared."""
     tile_size: int = 16
+    """Tile side in pixels of the torch and gsplat backends. The fused backend picks its own, 16 or 8 by the image
+    size (cuda/ops.py, tile_size_for), and does not read this."""
     backend: Backend = "auto"
     prune_on_chip: bool = True
     """fused backend: a tile with more splats than fit on-chip keeps those that contribute most there."""

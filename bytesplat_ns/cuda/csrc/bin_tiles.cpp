@@ -4,7 +4,7 @@
 namespace bytesplat {
 
 std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& radii, const at::Tensor& depths,
-                                  int64_t tiles_x, int64_t tiles_y, int64_t capacity) {
+                                  int64_t tiles_x, int64_t tiles_y, int64_t tile_size, int64_t capacity) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   BYTESPLAT_CHECK_INPUT(means2d, at::kFloat);
   BYTESPLAT_CHECK_INPUT(radii, at::kInt);
@@ -13,6 +13,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& r
   check_shape(means2d, {n, 2}, "means2d");
   check_shape(radii, {n}, "radii");
   check_shape(depths, {n}, "depths");
+  const int tile = check_tile_size(tile_size);
   TORCH_CHECK(tiles_x > 0 && tiles_y > 0 && tiles_x * tiles_y < (int64_t{1} << 30), "bad tile grid ", tiles_x,
               "x", tiles_y);
   TORCH_CHECK(n < (int64_t{1} << 31) && capacity < (int64_t{1} << 31), "more than 2^31 splats or entries");
@@ -24,7 +25,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& r
   at::Tensor ends = at::empty({n}, longs);
   at::Tensor total = at::empty({1}, longs);
   BinParams p{means2d.data_ptr<float>(), radii.data_ptr<int32_t>(), depths.data_ptr<float>(),
-              static_cast<int>(n), static_cast<int>(tiles_x), static_cast<int>(tiles_y), 1,
+              static_cast<int>(n), static_cast<int>(tiles_x), static_cast<int>(tiles_y), tile, 1,
               tiles_per.data_ptr<int64_t>(), ends.data_ptr<int64_t>(), nullptr, nullptr, nullptr, nullptr, nullptr,
               nullptr, total.data_ptr<int64_t>()};
   const auto bytes = means2d.options().dtype(at::kByte);

@@ -1,5 +1,6 @@
 // Sync-free tile binning: count tiles per splat, prefix-sum, fill the entries that fit the capacity, pad the
-// rest, radix-sort by key (cub), and mark where each tile starts. No host read.
+// rest, radix-sort by key (cub), and mark where each tile starts. No host read. The kernels that map a splat to
+// tiles are instantiated for 16- and 8-pixel tiles (raster_types.h); the rest work on tile ids alone.
 #include <cub/cub.cuh>
 
 #include "bin_tiles.h"
@@ -17,13 +18,15 @@ int tile_bits(int tiles) { return tiles > 0 ? 32 - __builtin_clz(static_cast<uns
 
 int sort_end_bit(const BinParams& p) { return 32 + tile_bits(p.tiles_x * p.tiles_y); }
 
-// Tiles [x0, x1) x [y0, y1) covered by splat i, by gsplat 1.4's rule (isect_tiles.cu), casts included.
+// Tiles [x0, x1) x [y0, y1) of TILE pixels covered by splat i, by gsplat 1.4's rule (isect_tiles.cu), casts
+// included (dividing by a power of two is exact, as gsplat's division by its run-time tile_size).
+template <int TILE>
 struct TileRect {
   uint32_t x0, y0, x1, y1;
   __device__ TileRect(const BinParams& p, int i) {
-    const float r = static_cast<float>(p.radii[i]) / static_cast<float>(kTile);
-    const float tx = p.means2d[2 * i] / static_cast<float>(kTile);
-    const float ty = p.means2d[2 * i + 1] / static_cast<float>(kTile);
+    const float r = static_cast<float>(p.radii[i]) / static_cast<float>(TILE);
+    const float tx = p.means2d[2 * i] / static_cast<float>(TILE);
+    const float ty = p.means2d[2 * i + 1] / static_cast<float>(TILE);
     const uint32_t w = static_cast<uint32_t>(p.tiles_x), h = static_cast<uint32_t>(p.tiles_y);
     x0 = min(max(0u, static_cast<uint32_t>(floorf(tx - r))), w);
     y0 = min(max(0u, static_cast<uint32_t>(floorf(ty - r))), h);
@@ -32,6 +35,7 @@ struct TileRect {
   }
 };
 
+template <int TILE>
 __global__ void count_kernel(const BinParams p) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= p.n) return;
@@ -39,18 +43,19 @@ __global__ void count_kernel(const BinParams p) {
     p.tiles_per[i] = 0;
     return;
   }
-  const TileRect t(p, i);
+  const TileRect<TILE> t(p, i);
   p.tiles_per[i] = static_cast<int64_t>(t.y1 - t.y0) * static_cast<int64_t>(t.x1 - t.x0);
 }
 
 __global__ void total_kernel(const BinParams p) { *p.total = p.n > 0 ? p.ends[p.n - 1] : 0; }
 
+template <int TILE>
 __global__ void fill_kernel(const BinParams p) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= p.n || p.radii[i] <= 0) return;
   int64_t at = p.ends[i] - p.tiles_per[i];
   if (at >= p.capacity) return;
-  const TileRect t(p, i);
+  const TileRect<TILE> t(p, i);
   const int64_t depth = static_cast<int64_t>(__float_as_uint(p.depths[i]));
   for (uint32_t y = t.y0; y < t.y1; ++y) {
     for (uint32_t x = t.x0; x < t.x1; ++x, ++at) {
@@ -105,8 +110,13 @@ size_t fill_tiles_temp_bytes(const BinParams& p) {
 }
 
 cudaError_t launch_count_tiles(const BinParams& p, void* temp, size_t temp_bytes, cudaStream_t stream) {
+  if (p.tile_size != kTileLarge && p.tile_size != kTileSmall) return cudaErrorInvalidValue;
   if (p.n > 0) {
-    count_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    if (p.tile_size == kTileLarge) {
+      count_kernel<kTileLarge><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    } else {
+      count_kernel<kTileSmall><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    }
     const cudaError_t err = cub::DeviceScan::InclusiveSum(temp, temp_bytes, p.tiles_per, p.ends, p.n, stream);
     if (err != cudaSuccess) return err;
   }
@@ -115,8 +125,14 @@ cudaError_t launch_count_tiles(const BinParams& p, void* temp, size_t temp_bytes
 }
 
 cudaError_t launch_fill_tiles(const BinParams& p, void* temp, size_t temp_bytes, cudaStream_t stream) {
-  if (p.capacity < 1) return cudaErrorInvalidValue;
-  if (p.n > 0) fill_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+  if (p.capacity < 1 || (p.tile_size != kTileLarge && p.tile_size != kTileSmall)) return cudaErrorInvalidValue;
+  if (p.n > 0) {
+    if (p.tile_size == kTileLarge) {
+      fill_kernel<kTileLarge><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    } else {
+      fill_kernel<kTileSmall><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    }
+  }
   pad_kernel<<<min(blocks_for(p.capacity), 4096u), kThreads, 0, stream>>>(p);
   const cudaError_t err = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, p.keys_unsorted, p.keys,
                                                           p.ids_unsorted, p.ids, p.capacity, 0, sort_end_bit(p),

@@ -1,6 +1,6 @@
-// Tile binning without a host sync: which splats touch which 16x16 tile, each tile's entries front to back,
-// into buffers of a capacity chosen beforehand. gsplat's isect_tiles reads the entry count back to the host to
-// size its buffers, so the host waits for the GPU there every step; here the host never reads it.
+// Tile binning without a host sync: which splats touch which tile (16x16 or 8x8 pixels), each tile's entries
+// front to back, into buffers of a capacity chosen beforehand. gsplat's isect_tiles reads the entry count back to
+// the host to size its buffers, so the host waits for the GPU there every step; here the host never reads it.
 //
 // Entries and their order are gsplat's (isect_tiles + isect_offset_encode, one camera): a splat with radius r
 // covers the tiles its square (centre +- r) overlaps; key = tile id << 32 | the depth's float bits; a stable
@@ -22,6 +22,7 @@ struct BinParams {
   int n;
   int tiles_x;
   int tiles_y;
+  int tile_size;            // tile side in pixels: kTileLarge or kTileSmall (raster_types.h)
   int capacity;             // entries the buffers hold (>= 1)
   int64_t* tiles_per;       // [N] scratch: tiles each splat covers
   int64_t* ends;            // [N] scratch: inclusive prefix sum of tiles_per
@@ -56,7 +57,7 @@ namespace bytesplat {
 std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d,  // [N, 2] float32
                                   const at::Tensor& radii,    // [N] int32
                                   const at::Tensor& depths,   // [N] float32
-                                  int64_t tiles_x, int64_t tiles_y, int64_t capacity);
+                                  int64_t tiles_x, int64_t tiles_y, int64_t tile_size, int64_t capacity);
 
 }  // namespace bytesplat
 #endif

@@ -51,19 +51,29 @@ inline SplatInputs splat_inputs(const at::Tensor& means2d, const at::Tensor& con
                      opacities.data_ptr<float>()};
 }
 
-// Checks tile lists: start/end [tiles_y * tiles_x] int32 and the int32 entry ids.
+// The tile side the kernels are instantiated for: 16 or 8 pixels.
+inline int check_tile_size(int64_t tile_size) {
+  TORCH_CHECK(tile_size == kTileLarge || tile_size == kTileSmall, "tile_size must be ", kTileLarge, " or ",
+              kTileSmall, " (the sides the kernels are built for), got ", tile_size,
+              "; bytesplat_ns.cuda.ops.tile_size_for picks one for an image size");
+  return static_cast<int>(tile_size);
+}
+
+// Checks tile lists: start/end [tiles_y * tiles_x] int32 and the int32 entry ids, on tiles of `tile_size` pixels.
 inline TileLists tile_lists(const at::Tensor& start, const at::Tensor& end, const at::Tensor& ids, int64_t width,
-                            int64_t height, int64_t tiles_x) {
+                            int64_t height, int64_t tiles_x, int64_t tile_size) {
   BYTESPLAT_CHECK_INPUT(start, at::kInt);
   BYTESPLAT_CHECK_INPUT(end, at::kInt);
   BYTESPLAT_CHECK_INPUT(ids, at::kInt);
-  const int64_t tiles_y = (height + kTile - 1) / kTile;
+  const int tile = check_tile_size(tile_size);
+  const int64_t tiles_y = (height + tile - 1) / tile;
   TORCH_CHECK(width > 0 && height > 0, "image size must be positive");
-  TORCH_CHECK(tiles_x == (width + kTile - 1) / kTile, "tiles_x does not match width with 16-pixel tiles");
+  TORCH_CHECK(tiles_x == (width + tile - 1) / tile, "tiles_x = ", tiles_x, " does not match width ", width,
+              " with ", tile, "-pixel tiles (expected ", (width + tile - 1) / tile, ")");
   check_shape(start, {tiles_y * tiles_x}, "tile_start");
   check_shape(end, {tiles_y * tiles_x}, "tile_end");
   return TileLists{start.data_ptr<int32_t>(), end.data_ptr<int32_t>(), ids.data_ptr<int32_t>(),
-                   static_cast<int>(tiles_x), static_cast<int>(tiles_y)};
+                   static_cast<int>(tiles_x), static_cast<int>(tiles_y), tile};
 }
 
 // An output image [H, W, channels]: uninitialised, or NaN when poisoned (tests catch unwritten values).

@@ -12,7 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bytesplat kernels: fused rasterizer, exchange rows, SSIM, Adam";
   m.def("bin_tiles", &bytesplat::bin_tiles, "Tile binning into buffers of a given capacity, no host sync");
   m.def("tile_ranges", &bytesplat::tile_ranges, "Tile list ends, with on-chip pruning of overflowing tiles");
-  m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 tile");
+  m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 or 8x8 tile");
   m.def("rasterize_backward", &bytesplat::rasterize_backward,
         "Fused forward + backward from dL/d render and dL/d alpha");
   m.def("rasterize_loss", &bytesplat::rasterize_loss, "Fused forward + in-kernel L1/L2 loss + backward");

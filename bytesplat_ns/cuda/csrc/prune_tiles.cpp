@@ -6,7 +6,7 @@ namespace bytesplat {
 std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets, at::Tensor flatten_ids,
                                                const at::Tensor& means2d, const at::Tensor& conics,
                                                const at::Tensor& opacities, const c10::optional<at::Tensor>& kept,
-                                               int64_t tiles_x, int64_t capacity) {
+                                               int64_t tiles_x, int64_t tile_size, int64_t capacity) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   BYTESPLAT_CHECK_INPUT(offsets, at::kInt);
   BYTESPLAT_CHECK_INPUT(flatten_ids, at::kInt);
@@ -17,6 +17,7 @@ std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets, at::Te
     BYTESPLAT_CHECK_INPUT(kept.value(), at::kInt);
     check_shape(kept.value(), {1}, "kept");
   }
+  const int tile = check_tile_size(tile_size);
   const int64_t n_tiles = offsets.numel();
   TORCH_CHECK(tiles_x > 0 && n_tiles % tiles_x == 0, "offsets must hold tiles_y * tiles_x values");
   TORCH_CHECK(flatten_ids.numel() < (int64_t{1} << 31), "too many tile entries for int32 offsets");
@@ -31,6 +32,7 @@ std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets, at::Te
                       splats,
                       static_cast<int>(tiles_x),
                       static_cast<int>(n_tiles / tiles_x),
+                      tile,
                       static_cast<int>(capacity),
                       tile_end.data_ptr<int32_t>(),
                       pruned.data_ptr<int32_t>()};

@@ -1,7 +1,8 @@
 // Tile ranges and on-chip pruning. One block per tile; tiles that fit only write their end. An overflowing
 // tile selects its `capacity` highest-scoring entries by a radix select on the score's bits (scores are
 // non-negative floats, so their bit patterns sort as unsigned integers), then compacts them in place, stably
-// (depth order kept), with block-wide prefix sums.
+// (depth order kept), with block-wide prefix sums. Instantiated for 16- and 8-pixel tiles (raster_types.h): one
+// thread per pixel of the tile, as the rasterization kernels.
 #include "prune_tiles.h"
 #include "raster_device.cuh"
 
@@ -10,19 +11,22 @@ namespace {
 
 constexpr float kTwoPi = 6.283185307179586f;
 
+template <int TILE>
 __device__ __forceinline__ uint32_t score_key(const SplatInputs& s, int32_t id, float x0, float y0) {
   const int64_t n = id;
   const float mx = s.means2d[2 * n], my = s.means2d[2 * n + 1];
   const float a = s.conics[3 * n], b = s.conics[3 * n + 1], c = s.conics[3 * n + 2];
-  const float dx = mx - fminf(fmaxf(mx, x0), x0 + kTile);  // centre minus the nearest point of the tile
-  const float dy = my - fminf(fmaxf(my, y0), y0 + kTile);
+  const float dx = mx - fminf(fmaxf(mx, x0), x0 + TILE);  // centre minus the nearest point of the tile
+  const float dy = my - fminf(fmaxf(my, y0), y0 + TILE);
   const float sigma = 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
-  const float area = fminf(kTwoPi * rsqrtf(fmaxf(a * c - b * b, 1e-30f)), static_cast<float>(kTile * kTile));
+  const float area = fminf(kTwoPi * rsqrtf(fmaxf(a * c - b * b, 1e-30f)), static_cast<float>(TILE * TILE));
   const float score = fmaxf(s.opacities[n] * expf(-fmaxf(sigma, 0.f)) * area, 0.f);  // NaN -> 0
   return __float_as_uint(score);
 }
 
-// Exclusive prefix count of `flag` over the block; `total` gets the block's count. Holds two barriers.
+// Exclusive prefix count of `flag` over the block of kWarps warps; `total` gets the block's count. Holds two
+// barriers.
+template <int kWarps>
 __device__ __forceinline__ int block_scan(bool flag, int* warp_counts, int& total) {
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const unsigned bits = __ballot_sync(kFullMask, flag);
@@ -39,8 +43,11 @@ __device__ __forceinline__ int block_scan(bool flag, int* warp_counts, int& tota
   return before + __popc(bits & ((1u << lane) - 1u));
 }
 
-__global__ void __launch_bounds__(kBlock) prune_kernel(const PruneParams p) {
-  __shared__ uint32_t hist[256];
+template <int TILE>
+__global__ void __launch_bounds__(TileShape<TILE>::kBlock) prune_kernel(const PruneParams p) {
+  constexpr int kBlock = TileShape<TILE>::kBlock;
+  constexpr int kWarps = TileShape<TILE>::kWarps;
+  __shared__ uint32_t hist[256];  // one bin per 8-bit digit (cleared by kBlock threads, 256 or 64)
   __shared__ uint32_t s_prefix;
   __shared__ int s_need;
   __shared__ int warp_counts[kWarps];
@@ -54,8 +61,8 @@ __global__ void __launch_bounds__(kBlock) prune_kernel(const PruneParams p) {
     if (threadIdx.x == 0) p.tile_end[tile] = end;
     return;
   }
-  const float x0 = static_cast<float>((tile % p.tiles_x) * kTile);
-  const float y0 = static_cast<float>((tile / p.tiles_x) * kTile);
+  const float x0 = static_cast<float>((tile % p.tiles_x) * TILE);
+  const float y0 = static_cast<float>((tile / p.tiles_x) * TILE);
 
   // Radix select, 8 bits at a time from the top: the key of the capacity-th largest score (`prefix`) and how
   // many entries with exactly that key to keep (`need`).
@@ -65,7 +72,7 @@ __global__ void __launch_bounds__(kBlock) prune_kernel(const PruneParams p) {
     for (int i = static_cast<int>(threadIdx.x); i < 256; i += kBlock) hist[i] = 0;
     __syncthreads();
     for (int i = static_cast<int>(threadIdx.x); i < count; i += kBlock) {
-      const uint32_t key = score_key(p.splats, p.ids[first + i], x0, y0);
+      const uint32_t key = score_key<TILE>(p.splats, p.ids[first + i], x0, y0);
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
     }
     __syncthreads();
@@ -93,12 +100,12 @@ __global__ void __launch_bounds__(kBlock) prune_kernel(const PruneParams p) {
     const int i = base + static_cast<int>(threadIdx.x);
     const bool valid = i < count;
     const int32_t id = valid ? p.ids[first + i] : 0;
-    const uint32_t key = valid ? score_key(p.splats, id, x0, y0) : 0u;
+    const uint32_t key = valid ? score_key<TILE>(p.splats, id, x0, y0) : 0u;
     int n_equal = 0, n_keep = 0;
     const bool equal = valid && key == prefix;
-    const int equal_rank = equal_seen + block_scan(equal, warp_counts, n_equal);
+    const int equal_rank = equal_seen + block_scan<kWarps>(equal, warp_counts, n_equal);
     const bool keep = (valid && key > prefix) || (equal && equal_rank < need);
-    const int slot = kept + block_scan(keep, warp_counts, n_keep);
+    const int slot = kept + block_scan<kWarps>(keep, warp_counts, n_keep);
     if (keep) p.ids[first + slot] = id;  // slot <= i: only entries already read are overwritten
     kept += n_keep;
     equal_seen += n_equal;
@@ -114,7 +121,16 @@ __global__ void __launch_bounds__(kBlock) prune_kernel(const PruneParams p) {
 cudaError_t launch_prune_tiles(const PruneParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(p.tiles_x) * static_cast<unsigned>(p.tiles_y);
   if (blocks == 0) return cudaSuccess;
-  prune_kernel<<<blocks, kBlock, 0, stream>>>(p);
+  switch (p.tile_size) {
+    case kTileLarge:
+      prune_kernel<kTileLarge><<<blocks, TileShape<kTileLarge>::kBlock, 0, stream>>>(p);
+      break;
+    case kTileSmall:
+      prune_kernel<kTileSmall><<<blocks, TileShape<kTileSmall>::kBlock, 0, stream>>>(p);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

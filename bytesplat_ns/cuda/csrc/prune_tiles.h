@@ -3,7 +3,7 @@
 // splats that contribute most to that tile are kept, in depth order.
 //
 // Criterion (an estimate of the alpha mass a splat can put into the tile):
-//   opacity * exp(-sigma at the point of the tile nearest the splat's centre) * min(2 pi sqrt(det cov2d), 256)
+//   opacity * exp(-sigma at the point of the tile nearest the splat's centre) * min(2 pi sqrt(det cov2d), tile area)
 // that is, the splat's peak alpha inside the tile times its footprint area (the integral of exp(-sigma) over
 // the plane) capped at the tile's area. Ties at the threshold keep the front-most splats.
 #pragma once
@@ -22,6 +22,7 @@ struct PruneParams {
   SplatInputs splats;      // means2d, conics, opacities (colours unused)
   int tiles_x;
   int tiles_y;
+  int tile_size;      // tile side in pixels: kTileLarge or kTileSmall
   int capacity;       // keep at most this many per tile; <= 0: no pruning
   int32_t* tile_end;  // [T] out: one past the last kept entry
   int32_t* pruned;    // [1] += entries dropped
@@ -43,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets,  // [T
                                                const at::Tensor& conics,   // [N, 3]
                                                const at::Tensor& opacities,  // [N]
                                                const c10::optional<at::Tensor>& kept,  // [1] int32 or none
-                                               int64_t tiles_x, int64_t capacity);
+                                               int64_t tiles_x, int64_t tile_size, int64_t capacity);
 
 }  // namespace bytesplat
 #endif

@@ -132,14 +132,15 @@ __device__ __forceinline__ int warp_max(int v) {
   return v;
 }
 
-// Pixel of this thread in tile `tile`: row-major 16x16, centre at +0.5.
+// Pixel of this thread in tile `tile`: row-major TILE x TILE, centre at +0.5.
+template <int TILE>
 struct PixelCoord {
   int x, y;
   bool inside;
   int index;  // y * width + x (0 outside the image)
   __device__ PixelCoord(int tile, int tiles_x, int width, int height) {
-    x = (tile % tiles_x) * kTile + static_cast<int>(threadIdx.x) % kTile;
-    y = (tile / tiles_x) * kTile + static_cast<int>(threadIdx.x) / kTile;
+    x = (tile % tiles_x) * TILE + static_cast<int>(threadIdx.x) % TILE;
+    y = (tile / tiles_x) * TILE + static_cast<int>(threadIdx.x) / TILE;
     inside = x < width && y < height;
     index = inside ? y * width + x : 0;
   }

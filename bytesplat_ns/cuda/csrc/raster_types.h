@@ -5,9 +5,19 @@
 
 namespace bytesplat {
 
-constexpr int kTile = 16;              // tile side in pixels
-constexpr int kBlock = kTile * kTile;  // threads per block: one pixel each
-constexpr int kWarps = kBlock / 32;
+// The tile sides the kernels are instantiated for: 16 by default, 8 for images with fewer 16-pixel tiles than the
+// GPU has SMs (bytesplat_ns/cuda/ops.py, tile_size_for). A block covers one tile, one thread per pixel.
+constexpr int kTileLarge = 16;
+constexpr int kTileSmall = 8;
+
+template <int TILE>
+struct TileShape {
+  static_assert(TILE == kTileLarge || TILE == kTileSmall, "the kernels are instantiated for 16- and 8-pixel tiles");
+  static constexpr int kTile = TILE;          // tile side in pixels
+  static constexpr int kBlock = TILE * TILE;  // threads per block: one pixel each (256 or 64)
+  static constexpr int kWarps = kBlock / 32;  // 8 or 2
+  static_assert(kBlock % 32 == 0, "whole warps: the kernels vote and shuffle over full warps");
+};
 
 // Projected splats of one camera, as gsplat's projection and SH kernels return them.
 struct SplatInputs {
@@ -24,6 +34,7 @@ struct TileLists {
   const int32_t* ids;    // [M] splat index per entry
   int tiles_x;
   int tiles_y;
+  int tile_size;         // tile side in pixels: kTileLarge or kTileSmall
 };
 
 // Per-splat gradient accumulators (zero-initialised; one atomicAdd per splat, tile and quantity).

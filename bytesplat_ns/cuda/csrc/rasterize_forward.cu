@@ -1,18 +1,20 @@
 // Forward kernel: one block per tile, one thread per pixel; the tile's splats pass through shared memory in
-// batches of kBlock, front to back, with gsplat's cut-offs (raster_device.cuh).
+// batches of kBlock, front to back, with gsplat's cut-offs (raster_device.cuh). Instantiated for 16- and 8-pixel
+// tiles (raster_types.h).
 #include "raster_device.cuh"
 #include "rasterize_forward.h"
 
 namespace bytesplat {
 namespace {
 
-template <int CDIM>
-__global__ void __launch_bounds__(kBlock) forward_kernel(const ForwardParams p) {
+template <int TILE, int CDIM>
+__global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const ForwardParams p) {
+  constexpr int kBlock = TileShape<TILE>::kBlock;
   __shared__ __align__(16) unsigned char smem[kBlock * SplatCache<CDIM>::kBytesPerSplat];
   const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem, kBlock);
 
   const int tile = static_cast<int>(blockIdx.x);
-  const PixelCoord pix(tile, p.tiles.tiles_x, p.width, p.height);
+  const PixelCoord<TILE> pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
   const int first = p.tiles.start[tile];
@@ -39,22 +41,34 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(const ForwardParams p) 
   p.alpha[pix.index] = 1.f - T;
 }
 
-}  // namespace
-
-cudaError_t launch_rasterize_forward(const ForwardParams& p, int cdim, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(p.tiles.tiles_x) * static_cast<unsigned>(p.tiles.tiles_y);
-  if (blocks == 0) return cudaSuccess;
+template <int TILE>
+cudaError_t launch(const ForwardParams& p, int cdim, unsigned blocks, cudaStream_t stream) {
   switch (cdim) {
     case 3:
-      forward_kernel<3><<<blocks, kBlock, 0, stream>>>(p);
+      forward_kernel<TILE, 3><<<blocks, TileShape<TILE>::kBlock, 0, stream>>>(p);
       break;
     case 4:
-      forward_kernel<4><<<blocks, kBlock, 0, stream>>>(p);
+      forward_kernel<TILE, 4><<<blocks, TileShape<TILE>::kBlock, 0, stream>>>(p);
       break;
     default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_rasterize_forward(const ForwardParams& p, int cdim, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(p.tiles.tiles_x) * static_cast<unsigned>(p.tiles.tiles_y);
+  if (blocks == 0) return cudaSuccess;
+  switch (p.tiles.tile_size) {
+    case kTileLarge:
+      return launch<kTileLarge>(p, cdim, blocks, stream);
+    case kTileSmall:
+      return launch<kTileSmall>(p, cdim, blocks, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace bytesplat

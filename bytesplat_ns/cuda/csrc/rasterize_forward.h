@@ -1,4 +1,4 @@
-// Forward rasterization: front-to-back compositing per 16x16 tile (no gradient state is kept).
+// Forward rasterization: front-to-back compositing per 16x16 or 8x8 tile (no gradient state is kept).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,7 +34,8 @@ std::tuple<at::Tensor, at::Tensor> rasterize_forward(const at::Tensor& means2d, 
                                                      const at::Tensor& tile_start,   // [T] int32
                                                      const at::Tensor& tile_end,     // [T] int32
                                                      const at::Tensor& flatten_ids,  // [M] int32
-                                                     int64_t width, int64_t height, int64_t tiles_x, bool poison);
+                                                     int64_t width, int64_t height, int64_t tiles_x, int64_t tile_size,
+                                                     bool poison);
 
 }  // namespace bytesplat
 #endif

@@ -30,11 +30,12 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
                                            const at::Tensor& colors, const at::Tensor& opacities,
                                            const at::Tensor& tile_start, const at::Tensor& tile_end,
                                            const at::Tensor& flatten_ids, int64_t width, int64_t height,
-                                           int64_t tiles_x, int64_t capacity, const at::Tensor& v_render,
+                                           int64_t tiles_x, int64_t tile_size, int64_t capacity,
+                                           const at::Tensor& v_render,
                                            const c10::optional<at::Tensor>& v_alpha, bool absgrad) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
-  const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x);
+  const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x, tile_size);
   const int64_t cdim = check_channels(colors.size(1));
   TORCH_CHECK(capacity > 0, "capacity must be positive");
   check_image(v_render, height, width, cdim, "v_render");
@@ -53,13 +54,14 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
 std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& colors,
                                        const at::Tensor& opacities, const at::Tensor& tile_start,
                                        const at::Tensor& tile_end, const at::Tensor& flatten_ids, int64_t width,
-                                       int64_t height, int64_t tiles_x, int64_t capacity, const at::Tensor& gt,
+                                       int64_t height, int64_t tiles_x, int64_t tile_size, int64_t capacity,
+                                       const at::Tensor& gt,
                                        const c10::optional<at::Tensor>& v_extra,
                                        const c10::optional<at::Tensor>& background, double w_l1, double w_l2,
                                        bool clamp, bool want_image, bool absgrad, bool poison) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
-  const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x);
+  const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x, tile_size);
   TORCH_CHECK(colors.size(1) == 3, "the fused loss takes RGB colours [N, 3], got ", colors.sizes());
   TORCH_CHECK(capacity > 0, "capacity must be positive");
   check_image(gt, height, width, 3, "gt");
@@ -94,14 +96,15 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
   return {loss, grads.means2d, grads.means2d_abs, grads.conics, grads.colors, grads.opacities, render, alpha};
 }
 
-int64_t fused_capacity(int64_t cdim, int64_t blocks_per_sm) {
+int64_t fused_capacity(int64_t cdim, int64_t tile_size, int64_t blocks_per_sm) {
   check_channels(cdim);
+  const int tile = check_tile_size(tile_size);
   TORCH_CHECK(blocks_per_sm > 0, "blocks_per_sm must be positive");
   int device = 0;
   BYTESPLAT_CHECK_CUDA_STATUS(cudaGetDevice(&device));
-  const int capacity = fused_tile_capacity(static_cast<int>(cdim), static_cast<int>(blocks_per_sm), device);
-  TORCH_CHECK(capacity > 0, "the device's shared memory per block holds no fused-kernel tile (capacity ",
-              capacity, ")");
+  const int capacity = fused_tile_capacity(tile, static_cast<int>(cdim), static_cast<int>(blocks_per_sm), device);
+  TORCH_CHECK(capacity > 0, "the device's shared memory per block holds no fused-kernel tile of ", tile,
+              " pixels (capacity ", capacity, ")");
   return capacity;
 }
 

@@ -1,4 +1,5 @@
-// Fused forward + backward kernel. One block of 16x16 threads per tile, one pixel per thread.
+// Fused forward + backward kernel. One block of TILE x TILE threads per tile, one pixel per thread; instantiated for
+// 16- and 8-pixel tiles (raster_types.h): kBlock threads in kWarps warps, 256 in 8 or 64 in 2.
 //
 //  1. Forward: the tile's depth-ordered splats are loaded into shared memory (one chunk of up to `capacity`
 //     splats; longer lists, possible only with pruning off, go in several chunks), kBlock at a time, and
@@ -21,7 +22,16 @@ namespace {
 
 constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together
 constexpr int kMiscBytes = 64;
-constexpr int kMinBlocksPerSm = 4;  // register budget: at most 64 per thread, so registers allow 4 blocks per SM
+
+// Register budget: the launch bounds ask for kThreadsPerSm threads resident per SM, which caps registers at
+// 65536 / 1024 = 64 per thread for either tile side: 4 blocks of 256 threads (16-pixel tiles; ops.BLOCKS_PER_SM
+// is the same 4) or 16 blocks of 64 (8-pixel tiles). An 8-pixel block takes the same shared-memory share as a
+// 16-pixel one (1 / ops.BLOCKS_PER_SM of the SM), so 4 of them fit an SM: all that an image on 8-pixel tiles
+// needs, as it has fewer than 4 blocks per SM (ops.tile_size_for).
+constexpr int kThreadsPerSm = 1024;
+template <int TILE>
+constexpr int kMinBlocksPerSm = kThreadsPerSm / TileShape<TILE>::kBlock;
+static_assert(kMinBlocksPerSm<kTileLarge> == 4 && kMinBlocksPerSm<kTileSmall> == 16, "see kThreadsPerSm");
 
 // Gradient slots per splat: means2d (2), |means2d| (2), conic (3), colour (CDIM), opacity (1).
 template <int CDIM>
@@ -29,8 +39,11 @@ struct Slots {
   static constexpr int kMean = 0, kAbs = 2, kConic = 4, kColor = 7, kOpacity = 7 + CDIM, kCount = 8 + CDIM;
 };
 
-template <int CDIM>
+// The fixed part of shared memory: red [kWarps][kRedBatch][kQ] floats, then warp_last and warp_loss [kWarps] each.
+template <int TILE, int CDIM>
 __host__ __device__ constexpr int fixed_bytes() {
+  constexpr int kWarps = TileShape<TILE>::kWarps;
+  static_assert(2 * kWarps * 4 <= kMiscBytes, "warp_last and warp_loss must fit kMiscBytes");
   return (kWarps * kRedBatch * Slots<CDIM>::kCount * 4 + kMiscBytes + 15) / 16 * 16;
 }
 
@@ -38,14 +51,15 @@ __host__ __device__ constexpr int fixed_bytes() {
 __host__ __device__ constexpr int mask_words(int capacity) { return (capacity + 31) / 32; }
 
 // Shared memory layout: the fixed part, the splat cache, then the contribution bits.
-template <int CDIM>
+template <int TILE, int CDIM>
 __host__ __device__ constexpr size_t bits_offset(int capacity) {
-  return static_cast<size_t>(fixed_bytes<CDIM>()) + static_cast<size_t>(SplatCache<CDIM>::kBytesPerSplat) * capacity;
+  return static_cast<size_t>(fixed_bytes<TILE, CDIM>()) +
+         static_cast<size_t>(SplatCache<CDIM>::kBytesPerSplat) * capacity;
 }
 
-template <int CDIM>
+template <int TILE, int CDIM>
 __host__ __device__ constexpr size_t smem_bytes(int capacity) {
-  return bits_offset<CDIM>(capacity) + sizeof(uint32_t) * kWarps * mask_words(capacity);
+  return bits_offset<TILE, CDIM>(capacity) + sizeof(uint32_t) * TileShape<TILE>::kWarps * mask_words(capacity);
 }
 
 template <int CDIM>
@@ -86,23 +100,25 @@ __device__ __forceinline__ float pixel_loss_grad(const PixelGradSource& s, int i
   return loss * s.inv_count;
 }
 
-template <int CDIM, bool kLoss>
-__global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const FusedParams p) {
+template <int TILE, int CDIM, bool kLoss>
+__global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>) fused_kernel(const FusedParams p) {
   static_assert(!kLoss || CDIM == 3, "the in-kernel loss is defined on RGB");
+  constexpr int kBlock = TileShape<TILE>::kBlock;
+  constexpr int kWarps = TileShape<TILE>::kWarps;
   using S = Slots<CDIM>;
   constexpr int kQ = S::kCount;
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [kWarps][kRedBatch][kQ]
   int* warp_last = reinterpret_cast<int*>(red + kWarps * kRedBatch * kQ);  // [kWarps]
   float* warp_loss = reinterpret_cast<float*>(warp_last + kWarps);         // [kWarps]
-  const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem + fixed_bytes<CDIM>(), p.capacity);
+  const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem + fixed_bytes<TILE, CDIM>(), p.capacity);
 
   const int tile = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   uint32_t* used_bits =  // this warp's contribution bits
-      reinterpret_cast<uint32_t*>(smem + bits_offset<CDIM>(p.capacity)) + warp * mask_words(p.capacity);
-  const PixelCoord pix(tile, p.tiles.tiles_x, p.width, p.height);
+      reinterpret_cast<uint32_t*>(smem + bits_offset<TILE, CDIM>(p.capacity)) + warp * mask_words(p.capacity);
+  const PixelCoord<TILE> pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
   const int first = p.tiles.start[tile];
@@ -279,47 +295,68 @@ __global__ void __launch_bounds__(kBlock, kMinBlocksPerSm) fused_kernel(const Fu
   }
 }
 
-template <int CDIM, bool kLoss>
+template <int TILE, int CDIM, bool kLoss>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
-  const size_t bytes = smem_bytes<CDIM>(p.capacity);
-  cudaError_t err = cudaFuncSetAttribute(fused_kernel<CDIM, kLoss>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes));
+  const size_t bytes = smem_bytes<TILE, CDIM>(p.capacity);
+  cudaError_t err = cudaFuncSetAttribute(fused_kernel<TILE, CDIM, kLoss>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
   const unsigned blocks = static_cast<unsigned>(p.tiles.tiles_x) * static_cast<unsigned>(p.tiles.tiles_y);
-  fused_kernel<CDIM, kLoss><<<blocks, kBlock, bytes, stream>>>(p);
+  fused_kernel<TILE, CDIM, kLoss><<<blocks, TileShape<TILE>::kBlock, bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int TILE>
+cudaError_t launch_tile(const FusedParams& p, int cdim, cudaStream_t stream) {
+  const bool loss = p.src.gt != nullptr;
+  if (cdim == 3) return loss ? launch<TILE, 3, true>(p, stream) : launch<TILE, 3, false>(p, stream);
+  if (cdim == 4 && !loss) return launch<TILE, 4, false>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+template <int TILE>
+size_t smem_bytes_for(int cdim, int capacity) {
+  return cdim == 3 ? smem_bytes<TILE, 3>(capacity) : smem_bytes<TILE, 4>(capacity);
 }
 
 }  // namespace
 
-size_t fused_smem_bytes(int cdim, int capacity) {
-  return cdim == 3 ? smem_bytes<3>(capacity) : smem_bytes<4>(capacity);
+size_t fused_smem_bytes(int tile_size, int cdim, int capacity) {
+  return tile_size == kTileSmall ? smem_bytes_for<kTileSmall>(cdim, capacity)
+                                 : smem_bytes_for<kTileLarge>(cdim, capacity);
 }
 
-int fused_tile_capacity(int cdim, int blocks_per_sm, int device) {
+int fused_tile_capacity(int tile_size, int cdim, int blocks_per_sm, int device) {
+  if (tile_size != kTileLarge && tile_size != kTileSmall) return -1;
   int per_block = 0, per_sm = 0, reserved = 0;
   if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
     return -1;
   }
+  // The same share of the SM per block for either tile side; an 8-pixel tile's block keeps less in its fixed
+  // part (2 warps' partial sums instead of 8), so it holds more splats.
   const int share = per_sm / (blocks_per_sm > 0 ? blocks_per_sm : 1) - reserved;
   const int budget = share < per_block ? share : per_block;
-  const size_t fixed = fused_smem_bytes(cdim, 0);
+  const size_t fixed = fused_smem_bytes(tile_size, cdim, 0);
   if (budget <= static_cast<int>(fixed)) return 0;
   const int cache_bytes = cdim == 3 ? SplatCache<3>::kBytesPerSplat : SplatCache<4>::kBytesPerSplat;
   int capacity = static_cast<int>((static_cast<size_t>(budget) - fixed) / cache_bytes);  // bits left out: a bound
-  while (capacity > 0 && fused_smem_bytes(cdim, capacity) > static_cast<size_t>(budget)) --capacity;
+  while (capacity > 0 && fused_smem_bytes(tile_size, cdim, capacity) > static_cast<size_t>(budget)) --capacity;
   return capacity;
 }
 
 cudaError_t launch_rasterize_fused(const FusedParams& p, int cdim, cudaStream_t stream) {
   if (p.tiles.tiles_x * p.tiles.tiles_y == 0) return cudaSuccess;
   if (p.capacity <= 0) return cudaErrorInvalidValue;
-  const bool loss = p.src.gt != nullptr;
-  if (cdim == 3) return loss ? launch<3, true>(p, stream) : launch<3, false>(p, stream);
-  if (cdim == 4 && !loss) return launch<4, false>(p, stream);
-  return cudaErrorInvalidValue;
+  switch (p.tiles.tile_size) {
+    case kTileLarge:
+      return launch_tile<kTileLarge>(p, cdim, stream);
+    case kTileSmall:
+      return launch_tile<kTileSmall>(p, cdim, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace bytesplat

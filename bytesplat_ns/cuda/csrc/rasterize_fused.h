@@ -35,12 +35,13 @@ struct FusedParams {
   SplatGrads grads;
 };
 
-// Dynamic shared memory of the fused kernel for `capacity` splats per chunk.
-size_t fused_smem_bytes(int cdim, int capacity);
+// Dynamic shared memory of the fused kernel on tiles of `tile_size` pixels for `capacity` splats per chunk.
+size_t fused_smem_bytes(int tile_size, int cdim, int capacity);
 
-// Splats per chunk that fit the shared memory of one block when `blocks_per_sm` blocks share an SM of
-// `device` (read at run time: cudaDevAttrMaxSharedMemoryPerBlockOptin / PerMultiprocessor).
-int fused_tile_capacity(int cdim, int blocks_per_sm, int device);
+// Splats per chunk that fit the shared memory of one block on tiles of `tile_size` pixels when `blocks_per_sm`
+// blocks share an SM of `device` (read at run time: cudaDevAttrMaxSharedMemoryPerBlockOptin / PerMultiprocessor);
+// -1 for a tile side the kernel is not built for or a failed device query.
+int fused_tile_capacity(int tile_size, int cdim, int blocks_per_sm, int device);
 
 cudaError_t launch_rasterize_fused(const FusedParams& p, int cdim, cudaStream_t stream);
 
@@ -60,7 +61,8 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d,      // [N
                                            const at::Tensor& tile_start,   // [T] int32
                                            const at::Tensor& tile_end,     // [T] int32
                                            const at::Tensor& flatten_ids,  // [M] int32
-                                           int64_t width, int64_t height, int64_t tiles_x, int64_t capacity,
+                                           int64_t width, int64_t height, int64_t tiles_x, int64_t tile_size,
+                                           int64_t capacity,
                                            const at::Tensor& v_render,                // [H, W, D]
                                            const c10::optional<at::Tensor>& v_alpha,  // [H, W, 1]
                                            bool absgrad);
@@ -74,14 +76,16 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d,      // [N, 2]
                                        const at::Tensor& tile_start,   // [T] int32
                                        const at::Tensor& tile_end,     // [T] int32
                                        const at::Tensor& flatten_ids,  // [M] int32
-                                       int64_t width, int64_t height, int64_t tiles_x, int64_t capacity,
+                                       int64_t width, int64_t height, int64_t tiles_x, int64_t tile_size,
+                                       int64_t capacity,
                                        const at::Tensor& gt,                          // [H, W, 3]
                                        const c10::optional<at::Tensor>& v_extra,      // [H, W, 3]
                                        const c10::optional<at::Tensor>& background,   // [3]
                                        double w_l1, double w_l2, bool clamp, bool want_image, bool absgrad,
                                        bool poison);
 
-int64_t fused_capacity(int64_t cdim, int64_t blocks_per_sm);
+// Splats per tile the fused kernel holds on-chip on tiles of `tile_size` pixels, `blocks_per_sm` blocks per SM.
+int64_t fused_capacity(int64_t cdim, int64_t tile_size, int64_t blocks_per_sm);
 
 }  // namespace bytesplat
 #endif
