@@ -73,7 +73,7 @@ class _FixedBins:
     capacity: int
     total: Tensor | None = None  # [1] the recorded binning's entry count
 
-    def next(self, num_splats: int) -> int:
+    def next(self, num_splats: int, tile_size: int) -> int:
         return self.capacity
 
     def observe(self, total: Tensor, capacity: int) -> None:
@@ -134,7 +134,7 @@ class StepGraph:
             self._eager_key = key
             self._forget()
             return None
-        wanted = bins.next(self.model.num_points)
+        wanted = bins.next(self.model.num_points, bins.tile_size)  # the side of the step before: same resolution
         if key != self.key or wanted > self.bins.capacity:
             self._record(key, camera, batch, wanted)
         self.inputs.load(camera, batch)

@@ -403,8 +403,8 @@ def check_bin_capacity_renders(seed: int, tile_size: int) -> None:
     class Recorded(BinCapacity):
         given: list = field(default_factory=list)
 
-        def next(self, num_splats: int) -> int:
-            self.given.append(super().next(num_splats))
+        def next(self, num_splats: int, tile_size: int) -> int:
+            self.given.append(super().next(num_splats, tile_size))
             return self.given[-1]
 
     scene, cam, _ = build_scene(20000, 203, 157, seed)
@@ -416,12 +416,13 @@ def check_bin_capacity_renders(seed: int, tile_size: int) -> None:
             out = rasterize(splats, cam, RasterizeOptions(backend="fused", bins=bins))
             assert torch.equal(out.rgb, exact.rgb) and torch.equal(out.alpha, exact.alpha)
         assert bins.given[0] == EXACT and bins.given[1] == bins.given[2] > 0 and bins.given[1] % bins.granule == 0
-        bins.next(splats.count)
+        assert bins.tile_size == tile_size
+        bins.next(splats.count, tile_size)
         assert bins.overflows == 0
         small = BinCapacity(headroom=0.25, granule=1, lag=1)
         for _ in range(3):
             rasterize(splats, cam, RasterizeOptions(backend="fused", bins=small))
-        small.next(splats.count)
+        small.next(splats.count, tile_size)
         assert small.overflows == 2  # the second and third renders had a quarter of the entries they needed
 
 

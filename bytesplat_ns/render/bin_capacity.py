@@ -11,6 +11,12 @@ the host wait for the GPU once per step. The fused backend bins into buffers of 
 - a render whose count exceeded its capacity loses the entries of its last splats (in index order) for that
   step; it is counted in `overflows` (shown in the run summary) and raises the capacity once read. On lego,
   7000 views, 0-4 renders per run overflowed (eighth session, benchmarks/RESULTS.md); none on the 2M-splat room.
+- counts are kept with the tile side they were binned on (16 or 8 pixels, cuda/ops.py tile_size_for, which goes
+  by the image size): the capacity comes from the counts of the side about to be binned; while the window holds
+  none of that side yet, from the other side's counts bounded (`side_factor`): no host read, no overflow when the
+  side changes at one image size (views of several sizes), and at a resolution change (splatfacto's schedule:
+  8-pixel tiles at 100x100 become 16-pixel tiles at 200x200, the same tiles in the scene) the counts carry over
+  as they do for a resolution change on one side (headroom, then the overflow rule).
 Outside training (eval, viewer, export) the renderer bins exactly.
 """
 
@@ -28,6 +34,16 @@ EXACT = -1
 """Capacity that asks the binning for the exact count (one host read)."""
 
 
+def side_factor(seen: int, side: int) -> int:
+    """Bound on (entries on tiles of `side` pixels) / (entries on tiles of `seen` pixels), same splats and image.
+
+    Sides are powers of two, so gsplat's tile range of a splat (floor and ceil of centre / side -+ radius / side:
+    exact divisions) on tiles half as large lies within the halves of the larger tiles of its range, and meets each
+    of those: per axis at least as many and at most twice as many tiles. Hence (seen / side)^2 going to a smaller
+    side, 1 going to a larger one."""
+    return (seen // side) ** 2 if side < seen else 1
+
+
 @dataclass
 class BinCapacity:
     headroom: float = 1.5
@@ -41,10 +57,11 @@ class BinCapacity:
     lag: int = STEPS_LATE
     """Renders between a binning and the host's read of its count."""
     _counts: deque = field(default_factory=deque)
-    """(entries, splats) of the last `window` renders read."""
+    """(entries, splats, tile side) of the last `window` renders read."""
     _late: LateQueue | None = None
     """The renders' counts, tagged with their capacities."""
     _splats: int = -1
+    _tile_size: int = 0
 
     def __post_init__(self) -> None:
         self._late = LateQueue(self.lag)
@@ -54,35 +71,46 @@ class BinCapacity:
         """Whether a binning has asked for a capacity (the fused renderer in training)."""
         return self._splats >= 0
 
+    @property
+    def tile_size(self) -> int:
+        """The tile side of the last binning (0 before the first). The step graph's replays bin on it: they replay
+        the resolution of the step before them (step_graph.py), and the side follows from the resolution."""
+        return self._tile_size
+
     def needs_exact(self, num_splats: int) -> bool:
         """Whether the next binning of `num_splats` splats will be exact (`next` returns EXACT); changes nothing."""
         return num_splats != self._splats or not (self._counts or self._late.ready)
 
-    def next(self, num_splats: int) -> int:
-        """The capacity of the next binning of `num_splats` splats, or EXACT."""
+    def next(self, num_splats: int, tile_size: int) -> int:
+        """The capacity of the next binning of `num_splats` splats on tiles of `tile_size` pixels, or EXACT."""
         exact = self.needs_exact(num_splats)
         self._read_pending()
+        self._tile_size = tile_size
         if exact:
             self._splats = num_splats
             return EXACT
-        largest = max(count for count, _ in self._counts)
-        per_splat = max(count / max(1, splats) for count, splats in self._counts)
+        seen = [(count, splats) for count, splats, side in self._counts if side == tile_size]
+        if not seen:  # counts on the other tile side only, so far
+            seen = [(count * side_factor(side, tile_size), splats) for count, splats, side in self._counts]
+        largest = max(count for count, _ in seen)
+        per_splat = max(count / max(1, splats) for count, splats in seen)
         rows = math.ceil(max(largest, per_splat * num_splats) * self.headroom)
         return max(self.granule, -(-rows // self.granule) * self.granule)
 
     def observe(self, total: Tensor, capacity: int) -> None:
-        """Record a binning's true entry count (`total`, [1] on the device) and the capacity it had."""
+        """Record a binning's true entry count (`total`, [1] on the device) and the capacity it had (the binning
+        `next` was last asked for)."""
         if capacity == EXACT:  # the binning has just read it to the host: no wait, known before later renders
-            self._add(int(total.item()), self._splats)
+            self._add(int(total.item()), self._splats, self._tile_size)
         else:
-            self._late.push(total, tag=(capacity, self._splats))
+            self._late.push(total, tag=(capacity, self._splats, self._tile_size))
 
     def _read_pending(self) -> None:
-        for (count,), (capacity, splats) in self._late.pop_ready():
+        for (count,), (capacity, splats, side) in self._late.pop_ready():
             self.overflows += int(count > capacity)
-            self._add(count, splats)
+            self._add(count, splats, side)
 
-    def _add(self, count: int, splats: int) -> None:
-        self._counts.append((count, splats))
+    def _add(self, count: int, splats: int, side: int) -> None:
+        self._counts.append((count, splats, side))
         if len(self._counts) > self.window:
             self._counts.popleft()

@@ -118,7 +118,7 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
 
     tile_size = ops.tile_size_for(camera.width, camera.height, means2d.device)
     tiles_x, tiles_y = math.ceil(camera.width / tile_size), math.ceil(camera.height / tile_size)
-    entries = opts.bins.next(splats.count) if opts.bins is not None else EXACT
+    entries = opts.bins.next(splats.count, tile_size) if opts.bins is not None else EXACT
     bins = ops.bin_tiles(means2d[0], radii[0], depths[0], tiles_x, tiles_y, tile_size, entries)
     if opts.bins is not None:
         opts.bins.observe(bins.total, entries)
