@@ -1,4 +1,5 @@
-"""Tile binning: which splats touch which 16x16 tile, each tile's list in front-to-back order."""
+"""Tile binning: which splats touch which tile (`tile_size` pixels a side), each tile's list in front-to-back
+order."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Pure-PyTorch reference renderer: the oracle every kernel is tested against.
 
 Whole path: world-to-camera, EWA projection with gsplat's eps2d blur, SH to colour, tile binning in
-depth order, then front-to-back compositing per 16x16 tile with gsplat's cut-offs: a splat counts for a
-pixel when alpha >= 1/255 (alpha clamped to 0.999), and a pixel stops before the splat that would bring
-its transmittance to 1e-4 or below. Differentiable by autograd; runs anywhere PyTorch runs.
+depth order, then front-to-back compositing per tile (opts.tile_size pixels a side, 16 by default) with gsplat's
+cut-offs: a splat counts for a pixel when alpha >= 1/255 (alpha clamped to 0.999), and a pixel stops before the
+splat that would bring its transmittance to 1e-4 or below. Differentiable by autograd; runs anywhere PyTorch
+runs.
 """
 
 from __future__ import annotations
