@@ -15,7 +15,9 @@ t = time.time()
 build.load()
 print(f"{build.module_name()} ready in {time.time() - t:.1f} s (prebuilt: {build.prebuilt_path(build.module_name())})")
 cuda = torch.device("cuda")
-print("on-chip capacity: rgb", ops.tile_capacity(cuda, 3), "rgb+depth", ops.tile_capacity(cuda, 4))
+for side in (ops.TILE_SIZE, ops.SMALL_TILE_SIZE):
+    print(f"on-chip capacity, {side}-pixel tiles: rgb", ops.tile_capacity(cuda, 3, side), "rgb+depth",
+          ops.tile_capacity(cuda, 4, side))
 PY
 tail -2 "$OUT/build.log"
 so=$(python3 -c "from bytesplat_ns.cuda import build; print(build.prebuilt_path(build.module_name()) or '')")
