@@ -9,11 +9,11 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
                const std::vector<double>& beta2, const std::vector<double>& eps,
                const c10::optional<at::Tensor>& visible, const at::Tensor& blocks_done) {
   const size_t groups = params.size();
-  TORCH_CHECK(groups >= 1 && groups <= static_cast<size_t>(kMaxAdamGroups), "between 1 and ", kMaxAdamGroups,
+  BYTESPLAT_CHECK(groups >= 1 && groups <= static_cast<size_t>(kMaxAdamGroups), "between 1 and ", kMaxAdamGroups,
               " parameter groups, got ", groups);
   for (size_t n : {grads.size(), exp_avgs.size(), exp_avg_sqs.size(), steps.size(), beta1.size(), beta2.size(),
                    eps.size()}) {
-    TORCH_CHECK(n == groups, "one gradient, moment pair, step, beta pair and eps per parameter group");
+    BYTESPLAT_CHECK(n == groups, "one gradient, moment pair, step, beta pair and eps per parameter group");
   }
   BYTESPLAT_CHECK_INPUT(lrs, at::kFloat);
   check_shape(lrs, {static_cast<int64_t>(groups)}, "lrs");
@@ -23,7 +23,7 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
   int64_t rows = -1;
   if (visible.has_value()) {
     BYTESPLAT_CHECK_INPUT(visible.value(), at::kBool);
-    TORCH_CHECK(visible->dim() == 1, "visible must be [N]");
+    BYTESPLAT_CHECK(visible->dim() == 1, "visible must be [N]");
     rows = visible->size(0);
   }
   AdamParams p{};
@@ -31,12 +31,12 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
   for (size_t g = 0; g < groups; ++g) {
     for (const at::Tensor* t : {&params[g], &grads[g], &exp_avgs[g], &exp_avg_sqs[g]}) {
       BYTESPLAT_CHECK_INPUT(*t, at::kFloat);
-      TORCH_CHECK(t->sizes() == params[g].sizes(), "group ", g, ": gradient and moments must match the parameter's ",
+      BYTESPLAT_CHECK(t->sizes() == params[g].sizes(), "group ", g, ": gradient and moments must match the parameter's ",
                   "shape ", params[g].sizes(), ", got ", t->sizes());
-      TORCH_CHECK(t->device() == lrs.device(), "every tensor must be on ", lrs.device());
+      BYTESPLAT_CHECK(t->device() == lrs.device(), "every tensor must be on ", lrs.device());
     }
     BYTESPLAT_CHECK_INPUT(steps[g], at::kFloat);
-    TORCH_CHECK(steps[g].numel() == 1, "group ", g, ": the step must be a one-element tensor");
+    BYTESPLAT_CHECK(steps[g].numel() == 1, "group ", g, ": the step must be a one-element tensor");
     p.param[g] = params[g].data_ptr<float>();
     p.grad[g] = grads[g].data_ptr<float>();
     p.exp_avg[g] = exp_avgs[g].data_ptr<float>();

@@ -14,9 +14,9 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& r
   check_shape(radii, {n}, "radii");
   check_shape(depths, {n}, "depths");
   const int tile = check_tile_size(tile_size);
-  TORCH_CHECK(tiles_x > 0 && tiles_y > 0 && tiles_x * tiles_y < (int64_t{1} << 30), "bad tile grid ", tiles_x,
+  BYTESPLAT_CHECK(tiles_x > 0 && tiles_y > 0 && tiles_x * tiles_y < (int64_t{1} << 30), "bad tile grid ", tiles_x,
               "x", tiles_y);
-  TORCH_CHECK(n < (int64_t{1} << 31) && capacity < (int64_t{1} << 31), "more than 2^31 splats or entries");
+  BYTESPLAT_CHECK(n < (int64_t{1} << 31) && capacity < (int64_t{1} << 31), "more than 2^31 splats or entries");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto longs = means2d.options().dtype(at::kLong);
   const auto ints = means2d.options().dtype(at::kInt);
@@ -32,7 +32,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor& means2d, const at::Tensor& r
   at::Tensor scan_temp = at::empty({static_cast<int64_t>(count_tiles_temp_bytes(p))}, bytes);
   BYTESPLAT_CHECK_CUDA_STATUS(launch_count_tiles(p, scan_temp.data_ptr(), scan_temp.numel(), stream));
   if (capacity < 0) capacity = total.item<int64_t>();  // exact: the one host read
-  TORCH_CHECK(capacity < (int64_t{1} << 31), "more than 2^31 tile entries");
+  BYTESPLAT_CHECK(capacity < (int64_t{1} << 31), "more than 2^31 tile entries");
   p.capacity = static_cast<int>(std::max<int64_t>(capacity, 1));
 
   at::Tensor keys_unsorted = at::empty({p.capacity}, longs);

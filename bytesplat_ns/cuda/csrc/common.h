@@ -6,32 +6,58 @@
 #include <torch/extension.h>
 
 #include <initializer_list>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "raster_types.h"
 
+namespace bytesplat {
+
+// The parts of an error message, streamed into one string.
+template <typename... Parts>
+std::string message(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+}  // namespace bytesplat
+
+// TORCH_CHECK with the message formatted here and handed to torch as one C string. On the H200 machine (torch
+// 2.11.0+cu130) a TORCH_CHECK with a message of several parts, which torch formats into a std::string, crashed the
+// process (segmentation fault) instead of raising; one C-string message raised RuntimeError as it should
+// (benchmarks/RESULTS.md, twelfth session).
+#define BYTESPLAT_CHECK(cond, ...)                                    \
+  do {                                                                \
+    if (C10_UNLIKELY(!(cond))) {                                      \
+      const std::string message_ = ::bytesplat::message(__VA_ARGS__); \
+      TORCH_CHECK(false, message_.c_str());                           \
+    }                                                                 \
+  } while (0)
+
 #define BYTESPLAT_CHECK_INPUT(x, dtype)                                                         \
-  TORCH_CHECK((x).is_cuda(), #x " must be a CUDA tensor");                                     \
-  TORCH_CHECK((x).is_contiguous(), #x " must be contiguous");                                  \
-  TORCH_CHECK((x).scalar_type() == (dtype), #x " must be ", (dtype), ", got ", (x).scalar_type())
+  BYTESPLAT_CHECK((x).is_cuda(), #x " must be a CUDA tensor");                                     \
+  BYTESPLAT_CHECK((x).is_contiguous(), #x " must be contiguous");                                  \
+  BYTESPLAT_CHECK((x).scalar_type() == (dtype), #x " must be ", (dtype), ", got ", (x).scalar_type())
 
 #define BYTESPLAT_CHECK_CUDA_STATUS(expr)                                                       \
   do {                                                                                          \
     const cudaError_t status_ = (expr);                                                         \
-    TORCH_CHECK(status_ == cudaSuccess, #expr " failed: ", cudaGetErrorString(status_));        \
+    BYTESPLAT_CHECK(status_ == cudaSuccess, #expr " failed: ", cudaGetErrorString(status_));        \
   } while (0)
 
 namespace bytesplat {
 
 inline void check_shape(const at::Tensor& t, std::initializer_list<int64_t> shape, const char* name) {
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ",
+  BYTESPLAT_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ",
               at::IntArrayRef(shape));
 }
 
 // The colour channels the rasterization kernels take: 3 (RGB) or 4 (RGB + depth).
 inline int64_t check_channels(int64_t cdim) {
-  TORCH_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
+  BYTESPLAT_CHECK(cdim == 3 || cdim == 4, "the fused rasterizer takes 3 or 4 channels, got ", cdim);
   return cdim;
 }
 
@@ -45,7 +71,7 @@ inline SplatInputs splat_inputs(const at::Tensor& means2d, const at::Tensor& con
   const int64_t n = means2d.size(0);
   check_shape(means2d, {n, 2}, "means2d");
   check_shape(conics, {n, 3}, "conics");
-  TORCH_CHECK(colors.dim() == 2 && colors.size(0) == n, "colors must be [N, D] with N = ", n);
+  BYTESPLAT_CHECK(colors.dim() == 2 && colors.size(0) == n, "colors must be [N, D] with N = ", n);
   check_shape(opacities, {n}, "opacities");
   return SplatInputs{means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
                      opacities.data_ptr<float>()};
@@ -53,7 +79,7 @@ inline SplatInputs splat_inputs(const at::Tensor& means2d, const at::Tensor& con
 
 // The tile side the kernels are instantiated for: 16 or 8 pixels.
 inline int check_tile_size(int64_t tile_size) {
-  TORCH_CHECK(tile_size == kTileLarge || tile_size == kTileSmall, "tile_size must be ", kTileLarge, " or ",
+  BYTESPLAT_CHECK(tile_size == kTileLarge || tile_size == kTileSmall, "tile_size must be ", kTileLarge, " or ",
               kTileSmall, " (the sides the kernels are built for), got ", tile_size,
               "; bytesplat_ns.cuda.ops.tile_size_for picks one for an image size");
   return static_cast<int>(tile_size);
@@ -67,8 +93,8 @@ inline TileLists tile_lists(const at::Tensor& start, const at::Tensor& end, cons
   BYTESPLAT_CHECK_INPUT(ids, at::kInt);
   const int tile = check_tile_size(tile_size);
   const int64_t tiles_y = (height + tile - 1) / tile;
-  TORCH_CHECK(width > 0 && height > 0, "image size must be positive");
-  TORCH_CHECK(tiles_x == (width + tile - 1) / tile, "tiles_x = ", tiles_x, " does not match width ", width,
+  BYTESPLAT_CHECK(width > 0 && height > 0, "image size must be positive");
+  BYTESPLAT_CHECK(tiles_x == (width + tile - 1) / tile, "tiles_x = ", tiles_x, " does not match width ", width,
               " with ", tile, "-pixel tiles (expected ", (width + tile - 1) / tile, ")");
   check_shape(start, {tiles_y * tiles_x}, "tile_start");
   check_shape(end, {tiles_y * tiles_x}, "tile_end");

@@ -19,8 +19,8 @@ std::tuple<at::Tensor, at::Tensor> tile_ranges(const at::Tensor& offsets, at::Te
   }
   const int tile = check_tile_size(tile_size);
   const int64_t n_tiles = offsets.numel();
-  TORCH_CHECK(tiles_x > 0 && n_tiles % tiles_x == 0, "offsets must hold tiles_y * tiles_x values");
-  TORCH_CHECK(flatten_ids.numel() < (int64_t{1} << 31), "too many tile entries for int32 offsets");
+  BYTESPLAT_CHECK(tiles_x > 0 && n_tiles % tiles_x == 0, "offsets must hold tiles_y * tiles_x values");
+  BYTESPLAT_CHECK(flatten_ids.numel() < (int64_t{1} << 31), "too many tile entries for int32 offsets");
   at::Tensor tile_end = at::empty({n_tiles}, offsets.options());
   at::Tensor pruned = at::zeros({1}, offsets.options());
   const SplatInputs splats{means2d.data_ptr<float>(), conics.data_ptr<float>(), nullptr,

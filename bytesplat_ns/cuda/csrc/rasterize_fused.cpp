@@ -37,7 +37,7 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
   const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x, tile_size);
   const int64_t cdim = check_channels(colors.size(1));
-  TORCH_CHECK(capacity > 0, "capacity must be positive");
+  BYTESPLAT_CHECK(capacity > 0, "capacity must be positive");
   check_image(v_render, height, width, cdim, "v_render");
   if (v_alpha.has_value()) check_image(*v_alpha, height, width, 1, "v_alpha");
   GradOutputs grads = zero_grads(means2d, cdim, absgrad);
@@ -62,8 +62,8 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
   const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x, tile_size);
-  TORCH_CHECK(colors.size(1) == 3, "the fused loss takes RGB colours [N, 3], got ", colors.sizes());
-  TORCH_CHECK(capacity > 0, "capacity must be positive");
+  BYTESPLAT_CHECK(colors.size(1) == 3, "the fused loss takes RGB colours [N, 3], got ", colors.sizes());
+  BYTESPLAT_CHECK(capacity > 0, "capacity must be positive");
   check_image(gt, height, width, 3, "gt");
   if (v_extra.has_value()) check_image(*v_extra, height, width, 3, "v_extra");
   if (background.has_value()) {
@@ -99,11 +99,11 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
 int64_t fused_capacity(int64_t cdim, int64_t tile_size, int64_t blocks_per_sm) {
   check_channels(cdim);
   const int tile = check_tile_size(tile_size);
-  TORCH_CHECK(blocks_per_sm > 0, "blocks_per_sm must be positive");
+  BYTESPLAT_CHECK(blocks_per_sm > 0, "blocks_per_sm must be positive");
   int device = 0;
   BYTESPLAT_CHECK_CUDA_STATUS(cudaGetDevice(&device));
   const int capacity = fused_tile_capacity(tile, static_cast<int>(cdim), static_cast<int>(blocks_per_sm), device);
-  TORCH_CHECK(capacity > 0, "the device's shared memory per block holds no fused-kernel tile of ", tile,
+  BYTESPLAT_CHECK(capacity > 0, "the device's shared memory per block holds no fused-kernel tile of ", tile,
               " pixels (capacity ", capacity, ")");
   return capacity;
 }

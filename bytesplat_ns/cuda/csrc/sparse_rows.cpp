@@ -6,7 +6,7 @@ namespace {
 
 // Checks the gradients (float32, contiguous, one device, one N) and points at them as [N, width] parts.
 RowParts row_parts(const std::vector<at::Tensor>& grads) {
-  TORCH_CHECK(!grads.empty() && grads.size() <= static_cast<size_t>(kMaxParts), "between 1 and ", kMaxParts,
+  BYTESPLAT_CHECK(!grads.empty() && grads.size() <= static_cast<size_t>(kMaxParts), "between 1 and ", kMaxParts,
               " gradients, got ", grads.size());
   RowParts parts{};
   parts.rows = grads[0].size(0);
@@ -14,8 +14,8 @@ RowParts row_parts(const std::vector<at::Tensor>& grads) {
   for (size_t q = 0; q < grads.size(); ++q) {
     const at::Tensor& g = grads[q];
     BYTESPLAT_CHECK_INPUT(g, at::kFloat);
-    TORCH_CHECK(g.dim() >= 1 && g.size(0) == parts.rows, "every gradient must have ", parts.rows, " rows");
-    TORCH_CHECK(g.device() == grads[0].device(), "every gradient must be on ", grads[0].device());
+    BYTESPLAT_CHECK(g.dim() >= 1 && g.size(0) == parts.rows, "every gradient must have ", parts.rows, " rows");
+    BYTESPLAT_CHECK(g.device() == grads[0].device(), "every gradient must be on ", grads[0].device());
     parts.ptr[q] = g.data_ptr<float>();
     parts.width[q] = static_cast<int>(parts.rows > 0 ? g.numel() / parts.rows : 0);
     parts.values += parts.width[q];
@@ -31,8 +31,8 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
                      const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
-  TORCH_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "capacity must be a positive int32");
-  TORCH_CHECK(capacity >= parts.rows || residual_out.has_value(),
+  BYTESPLAT_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "capacity must be a positive int32");
+  BYTESPLAT_CHECK(capacity >= parts.rows || residual_out.has_value(),
               "a capacity below the row count needs residual_out for the rows that do not fit");
   for (const auto* residual : {&residual_in, &residual_out}) {
     if (residual->has_value()) {
@@ -61,7 +61,7 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   const c10::cuda::CUDAGuard guard(grads[0].device());
   const bool half = gathered.scalar_type() == at::kHalf;
   BYTESPLAT_CHECK_INPUT(gathered, half ? at::kHalf : at::kFloat);
-  TORCH_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, "gathered must be [ranks, capacity + 1, slots + D]");
+  BYTESPLAT_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, "gathered must be [ranks, capacity + 1, slots + D]");
   const int64_t ranks = gathered.size(0), width = row_slots(half) + parts.values;
   check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();

@@ -12,13 +12,13 @@ constexpr float kSigma = 1.5f;
 SsimParams ssim_params(const at::Tensor& x, const at::Tensor& y) {
   BYTESPLAT_CHECK_INPUT(x, at::kFloat);
   BYTESPLAT_CHECK_INPUT(y, at::kFloat);
-  TORCH_CHECK(x.dim() == 3, "SSIM takes [H, W, C] images, got ", x.sizes());
-  TORCH_CHECK(x.sizes() == y.sizes(), "SSIM takes two images of one shape, got ", x.sizes(), " and ", y.sizes());
-  TORCH_CHECK(x.device() == y.device(), "SSIM's images must be on one device, got ", x.device(), " and ", y.device());
-  TORCH_CHECK(x.size(0) >= kSsimWindow && x.size(1) >= kSsimWindow, "the SSIM kernel needs images of at least ",
+  BYTESPLAT_CHECK(x.dim() == 3, "SSIM takes [H, W, C] images, got ", x.sizes());
+  BYTESPLAT_CHECK(x.sizes() == y.sizes(), "SSIM takes two images of one shape, got ", x.sizes(), " and ", y.sizes());
+  BYTESPLAT_CHECK(x.device() == y.device(), "SSIM's images must be on one device, got ", x.device(), " and ", y.device());
+  BYTESPLAT_CHECK(x.size(0) >= kSsimWindow && x.size(1) >= kSsimWindow, "the SSIM kernel needs images of at least ",
               kSsimWindow, "x", kSsimWindow, " pixels, got ", x.size(0), "x", x.size(1),
               " (bytesplat_ns/ssim.py uses pytorch_msssim for smaller ones)");
-  TORCH_CHECK(x.numel() < std::numeric_limits<int32_t>::max(), "SSIM: image too large");
+  BYTESPLAT_CHECK(x.numel() < std::numeric_limits<int32_t>::max(), "SSIM: image too large");
   SsimParams p{};
   p.x = x.data_ptr<float>();
   p.y = y.data_ptr<float>();
