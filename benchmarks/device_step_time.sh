@@ -2,7 +2,18 @@
 # One call on the 1-GPU machine (after `source .device-kit/on-device.sh`; carry .build-cache), issue #6: build the
 # CUDA extension (device_build.sh), run GPU_TESTS, then benchmarks/step_time.py on lego (STEP_TIME_ARGS: its
 # options, e.g. "--steps 7000"). Files in $OUT: build.log, pytest.log, step_time.log, step_time.json; table last.
+# The lent machine sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so there every Python process
+# compiles the sources of torch, nerfstudio and the rest anew: ns-train's imports took 15-18 s against 8 s with the
+# bytecode kept (benchmarks/RESULTS.md, twelfth session). An installed Python environment keeps its bytecode, so
+# by default (KEEP_BYTECODE=1) the lanes do too, in /tmp/pycache, compiled once by a warm-up import before they
+# start (every lane alike); KEEP_BYTECODE=0 measures the machine as it comes.
 set -uo pipefail
+if [ "${KEEP_BYTECODE:-1}" = 1 ]; then
+  unset PYTHONDONTWRITEBYTECODE
+  export PYTHONPYCACHEPREFIX=/tmp/pycache
+  python3 -W ignore -c "from nerfstudio.scripts.train import entrypoint; import nerfstudio.scripts.eval, gsplat, \
+torch.utils.tensorboard, bytesplat_ns.trainer, bytesplat_ns.model" > /dev/null 2>&1
+fi
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
