@@ -6,29 +6,49 @@
 #include <torch/extension.h>
 
 #include <initializer_list>
-#include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "raster_types.h"
 
 namespace bytesplat {
+namespace detail {
 
-// The parts of an error message, streamed into one string.
+// One part of an error message as text, without iostreams (see BYTESPLAT_CHECK).
+inline std::string text(const char* s) { return s; }
+inline std::string text(const std::string& s) { return s; }
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+std::string text(T value) {
+  return std::to_string(value);
+}
+inline std::string text(at::ScalarType type) { return c10::toString(type); }
+inline std::string text(const c10::Device& device) {
+  return device.is_cuda() ? "cuda:" + std::to_string(device.index()) : (device.is_cpu() ? "cpu" : "another device");
+}
+inline std::string text(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+}  // namespace detail
+
+// The parts of an error message, joined into one string.
 template <typename... Parts>
 std::string message(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  ((out += detail::text(parts)), ...);
+  return out;
 }
 
 }  // namespace bytesplat
 
-// TORCH_CHECK with the message formatted here and handed to torch as one C string. On the H200 machine (torch
-// 2.11.0+cu130) a TORCH_CHECK with a message of several parts, which torch formats into a std::string, crashed the
-// process (segmentation fault) instead of raising; one C-string message raised RuntimeError as it should
-// (benchmarks/RESULTS.md, twelfth session).
+// TORCH_CHECK with the message joined here, without iostreams, and handed to torch as one C string. On the H200
+// machine (torch 2.11.0+cu130) a failing check whose message streamed several parts through std::ostringstream,
+// as TORCH_CHECK's own formatting does, crashed the process (segmentation fault) instead of raising; a check with
+// one C-string message raised RuntimeError as it should (benchmarks/RESULTS.md, twelfth session).
 #define BYTESPLAT_CHECK(cond, ...)                                    \
   do {                                                                \
     if (C10_UNLIKELY(!(cond))) {                                      \
