@@ -110,13 +110,12 @@ size_t fill_tiles_temp_bytes(const BinParams& p) {
 }
 
 cudaError_t launch_count_tiles(const BinParams& p, void* temp, size_t temp_bytes, cudaStream_t stream) {
-  if (p.tile_size != kTileLarge && p.tile_size != kTileSmall) return cudaErrorInvalidValue;
+  const cudaError_t side = with_tile_side(p.tile_size, cudaErrorInvalidValue, [&](auto tile) {
+    if (p.n > 0) count_kernel<decltype(tile)::value><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    return cudaSuccess;
+  });
+  if (side != cudaSuccess) return side;
   if (p.n > 0) {
-    if (p.tile_size == kTileLarge) {
-      count_kernel<kTileLarge><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-    } else {
-      count_kernel<kTileSmall><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-    }
     const cudaError_t err = cub::DeviceScan::InclusiveSum(temp, temp_bytes, p.tiles_per, p.ends, p.n, stream);
     if (err != cudaSuccess) return err;
   }
@@ -125,14 +124,12 @@ cudaError_t launch_count_tiles(const BinParams& p, void* temp, size_t temp_bytes
 }
 
 cudaError_t launch_fill_tiles(const BinParams& p, void* temp, size_t temp_bytes, cudaStream_t stream) {
-  if (p.capacity < 1 || (p.tile_size != kTileLarge && p.tile_size != kTileSmall)) return cudaErrorInvalidValue;
-  if (p.n > 0) {
-    if (p.tile_size == kTileLarge) {
-      fill_kernel<kTileLarge><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-    } else {
-      fill_kernel<kTileSmall><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-    }
-  }
+  if (p.capacity < 1) return cudaErrorInvalidValue;
+  const cudaError_t side = with_tile_side(p.tile_size, cudaErrorInvalidValue, [&](auto tile) {
+    if (p.n > 0) fill_kernel<decltype(tile)::value><<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+    return cudaSuccess;
+  });
+  if (side != cudaSuccess) return side;
   pad_kernel<<<min(blocks_for(p.capacity), 4096u), kThreads, 0, stream>>>(p);
   const cudaError_t err = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, p.keys_unsorted, p.keys,
                                                           p.ids_unsorted, p.ids, p.capacity, 0, sort_end_bit(p),

@@ -121,17 +121,11 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) prune_kernel(const Pr
 cudaError_t launch_prune_tiles(const PruneParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(p.tiles_x) * static_cast<unsigned>(p.tiles_y);
   if (blocks == 0) return cudaSuccess;
-  switch (p.tile_size) {
-    case kTileLarge:
-      prune_kernel<kTileLarge><<<blocks, TileShape<kTileLarge>::kBlock, 0, stream>>>(p);
-      break;
-    case kTileSmall:
-      prune_kernel<kTileSmall><<<blocks, TileShape<kTileSmall>::kBlock, 0, stream>>>(p);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return with_tile_side(p.tile_size, cudaErrorInvalidValue, [&](auto tile) {
+    constexpr int kTile = decltype(tile)::value;
+    prune_kernel<kTile><<<blocks, TileShape<kTile>::kBlock, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace bytesplat

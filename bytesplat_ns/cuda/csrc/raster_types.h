@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace bytesplat {
 
@@ -18,6 +19,15 @@ struct TileShape {
   static constexpr int kWarps = kBlock / 32;  // 8 or 2
   static_assert(kBlock % 32 == 0, "whole warps: the kernels vote and shuffle over full warps");
 };
+
+// The one place a run-time tile side picks the kernels' instantiation: f(std::integral_constant<int, TILE>{}) for
+// tile_size 16 or 8, `otherwise` for any other side.
+template <typename R, typename F>
+R with_tile_side(int tile_size, R otherwise, F&& f) {
+  if (tile_size == kTileLarge) return f(std::integral_constant<int, kTileLarge>{});
+  if (tile_size == kTileSmall) return f(std::integral_constant<int, kTileSmall>{});
+  return otherwise;
+}
 
 // Projected splats of one camera, as gsplat's projection and SH kernels return them.
 struct SplatInputs {

@@ -61,14 +61,8 @@ cudaError_t launch(const ForwardParams& p, int cdim, unsigned blocks, cudaStream
 cudaError_t launch_rasterize_forward(const ForwardParams& p, int cdim, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(p.tiles.tiles_x) * static_cast<unsigned>(p.tiles.tiles_y);
   if (blocks == 0) return cudaSuccess;
-  switch (p.tiles.tile_size) {
-    case kTileLarge:
-      return launch<kTileLarge>(p, cdim, blocks, stream);
-    case kTileSmall:
-      return launch<kTileSmall>(p, cdim, blocks, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_tile_side(p.tiles.tile_size, cudaErrorInvalidValue,
+                        [&](auto tile) { return launch<decltype(tile)::value>(p, cdim, blocks, stream); });
 }
 
 }  // namespace bytesplat

@@ -314,16 +314,13 @@ cudaError_t launch_tile(const FusedParams& p, int cdim, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
-template <int TILE>
-size_t smem_bytes_for(int cdim, int capacity) {
-  return cdim == 3 ? smem_bytes<TILE, 3>(capacity) : smem_bytes<TILE, 4>(capacity);
-}
-
 }  // namespace
 
 size_t fused_smem_bytes(int tile_size, int cdim, int capacity) {
-  return tile_size == kTileSmall ? smem_bytes_for<kTileSmall>(cdim, capacity)
-                                 : smem_bytes_for<kTileLarge>(cdim, capacity);
+  return with_tile_side(tile_size, size_t{0}, [&](auto tile) {
+    constexpr int kTile = decltype(tile)::value;
+    return cdim == 3 ? smem_bytes<kTile, 3>(capacity) : smem_bytes<kTile, 4>(capacity);
+  });
 }
 
 int fused_tile_capacity(int tile_size, int cdim, int blocks_per_sm, int device) {
@@ -349,14 +346,8 @@ int fused_tile_capacity(int tile_size, int cdim, int blocks_per_sm, int device) 
 cudaError_t launch_rasterize_fused(const FusedParams& p, int cdim, cudaStream_t stream) {
   if (p.tiles.tiles_x * p.tiles.tiles_y == 0) return cudaSuccess;
   if (p.capacity <= 0) return cudaErrorInvalidValue;
-  switch (p.tiles.tile_size) {
-    case kTileLarge:
-      return launch_tile<kTileLarge>(p, cdim, stream);
-    case kTileSmall:
-      return launch_tile<kTileSmall>(p, cdim, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_tile_side(p.tiles.tile_size, cudaErrorInvalidValue,
+                        [&](auto tile) { return launch_tile<decltype(tile)::value>(p, cdim, stream); });
 }
 
 }  // namespace bytesplat

@@ -35,7 +35,8 @@ struct FusedParams {
   SplatGrads grads;
 };
 
-// Dynamic shared memory of the fused kernel on tiles of `tile_size` pixels for `capacity` splats per chunk.
+// Dynamic shared memory of the fused kernel on tiles of `tile_size` pixels for `capacity` splats per chunk; 0 for
+// a side the kernel is not built for.
 size_t fused_smem_bytes(int tile_size, int cdim, int capacity);
 
 // Splats per chunk that fit the shared memory of one block on tiles of `tile_size` pixels when `blocks_per_sm`
