@@ -89,46 +89,89 @@ class SparseRowExchange:
     _headers: LateQueue | None = None
     """Each exchange's gathered headers [W, 2], tagged with its capacity and row count."""
     _residual: Tensor | None = None
+    """[N, D] the rows earlier exchanges could not send (zeros once sent); made when the capacity first falls below
+    N, dropped when densification changes N."""
+    _note: Tensor | None = None
+    """[1] int32 on the gradients' device: this exchange's note, written into the header on the device."""
+    _round: tuple = ([], 0)
+    """(notes, overflows) read by the last `begin`."""
+    _gathered_headers: Tensor | None = None
+    """[W, 2] int32 every rank's header row of the last exchange (on the device)."""
+    _residual_shape: tuple = (0, 0)
+    """(N, D) of the last exchange's gradients side by side."""
+    _buffer_bytes: int = 0
+    """Bytes of this rank's buffer in the last exchange."""
 
     def __post_init__(self) -> None:
         self._headers = LateQueue(self.lag)
 
     def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
         """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks; `dense` gradients
-        (camera optimizer, bilateral grid) take one plain all-reduce."""
+        (camera optimizer, bilateral grid) take one plain all-reduce. `begin`, `exchange_rows` and `end` in turn."""
         parts: dict[str, float] = {}
         laps = PhaseClock(parts)
         if dense:
             all_reduce_mean(list(dense), group=self.group)
             laps.lap("dense all-reduce")
-        world = dist.get_world_size(self.group)
-        notes, overflows = self._read_late_headers(world)
-        num_rows, width = grads[0].shape[0], sum(math.prod(g.shape[1:]) for g in grads)
-        self.capacity = self._next_capacity(num_rows)
-        pending = self._residual  # the rows the last exchange could not send (zeros if it sent all)
-        if pending is not None and pending.shape != (num_rows, width):
-            pending = None  # densification renumbered the splats: its rows no longer mean anything
+        self.begin(grads, note)
         laps.lap("late read")
+        self.exchange_rows(grads, laps)
+        stats = self.end()
+        laps.lap("header copy")
+        stats.part_seconds = parts
+        return stats
+
+    def begin(self, like: list[Tensor], note: int) -> tuple:
+        """The host's part before an exchange of gradients shaped and placed as `like` (the gradients, or their
+        parameters): read the headers of `lag` exchanges back, set the capacity, keep the residual buffer, put
+        `note` in a device tensor. -> what the device part bakes in (the step graph, step_graph.py, records
+        `exchange_rows` again when it changes): (capacity, residual buffer's address)."""
+        world = dist.get_world_size(self.group)
+        self._round = self._read_late_headers(world)
+        num_rows, width = like[0].shape[0], sum(math.prod(t.shape[1:]) for t in like)
+        self._residual_shape = (num_rows, width)
+        self.capacity = self._next_capacity(num_rows)
+        if self._residual is not None and self._residual.shape != (num_rows, width):
+            self._residual = None  # densification renumbered the splats: its rows no longer mean anything
+        device = like[0].device
+        if self._residual is None and self.capacity < num_rows:
+            self._residual = torch.zeros(num_rows, width, device=device)
+        if self._note is None or self._note.device != device:
+            self._note = torch.zeros(1, dtype=torch.int32, device=device)
+        self._note.fill_(note)
+        return self.capacity, self._residual.data_ptr() if self._residual is not None else None
+
+    def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None) -> None:
+        """The device's part, no host sync: pack this rank's rows, all-gather every rank's, unpack their mean into
+        `grads`; the gathered headers stay on the device for `end`. Uses what `begin` set."""
+        laps = laps or PhaseClock({})
+        world = dist.get_world_size(self.group)
         kernels = self.kernels and grads[0].is_cuda
-        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads, width, note, pending)
+        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads)
         laps.lap("pack")
         gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
         laps.lap("all-gather")
         if kernels:  # one call: zero, add every rank's rows in rank order, the headers [W, 2]
-            headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
+            self._gathered_headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
         else:
-            headers = self._unpack_torch(grads, gathered, world)
+            self._gathered_headers = self._unpack_torch(grads, gathered, world)
         laps.lap("unpack")
-        self._headers.push(headers, tag=(self.capacity, num_rows))
-        laps.lap("header copy")
+        self._buffer_bytes = buffer.numel() * buffer.element_size()
+
+    def end(self) -> ExchangeStats:
+        """The host's part after an exchange: start copying its gathered headers to the host (read `lag` exchanges
+        later). -> what it moved, and the notes and overflows `begin` read."""
+        world = dist.get_world_size(self.group)
+        num_rows, width = self._residual_shape
+        self._headers.push(self._gathered_headers, tag=(self.capacity, num_rows))
+        notes, overflows = self._round
         return ExchangeStats(
-            sent_bytes=(world - 1) * buffer.numel() * buffer.element_size(),
+            sent_bytes=(world - 1) * self._buffer_bytes,
             dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
             notes=notes,
             overflows=overflows,
-            part_seconds=parts,
         )
 
     @staticmethod
@@ -136,33 +179,39 @@ class SparseRowExchange:
         """Value slots holding one int32."""
         return 4 // dtype.itemsize
 
-    def _pack_kernel(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None) -> Tensor:
-        """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
-        go to a new residual [N, D]."""
-        num_rows = grads[0].shape[0]
-        self._residual = grads[0].new_empty(num_rows, width) if self.capacity < num_rows else None
-        return ops.pack_rows(grads, self.capacity, note, self.half, pending, self._residual)
+    def _header_note(self, buffer: Tensor) -> Tensor:
+        """The header row's note slot of `buffer` as an int32 [1]."""
+        slots = self._slots(buffer.dtype)
+        return buffer[0, slots : 2 * slots].view(torch.int32)
 
-    def _pack_torch(self, grads: list[Tensor], width: int, note: int, pending: Tensor | None) -> Tensor:
+    def _pack_kernel(self, grads: list[Tensor]) -> Tensor:
+        """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
+        stay in the residual (read and rewritten in place: one warp reads and writes each row)."""
+        buffer = ops.pack_rows(grads, self.capacity, 0, self.half, self._residual, self._residual)
+        self._header_note(buffer).copy_(self._note)
+        return buffer
+
+    def _pack_torch(self, grads: list[Tensor]) -> Tensor:
         """The same buffer from torch operations (any device): rows in row order, padding rows point at row N;
-        rows that did not fit go to a new residual [N, D]."""
+        rows that did not fit stay in the residual."""
         num_rows, capacity = grads[0].shape[0], self.capacity
+        width = sum(g[0].numel() for g in grads)
         flat = grads[0].new_empty(num_rows + 1, width)  # [N + 1, D]; row N stays zero (padding reads it)
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
         flat[num_rows].zero_()
-        if pending is not None:
-            flat[:num_rows].add_(pending)
+        if self._residual is not None:
+            flat[:num_rows].add_(self._residual)
         dtype = torch.float16 if self.half else flat.dtype
         slots = self._slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
         rows = torch.nonzero_static(touched, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
         buffer = flat.new_empty(capacity + 1, slots + flat.shape[1], dtype=dtype)
         buffer[0, :slots] = touched.sum(dtype=torch.int32).view(1).view(dtype)
-        buffer[0, slots : 2 * slots].view(torch.int32).fill_(note)
+        self._header_note(buffer).copy_(self._note)
         buffer[1:, :slots] = rows.int().view(dtype).view(capacity, slots)
         buffer[1:, slots:] = flat.index_select(0, rows)
-        # rows that did not fit wait in the residual, added to the next gradient
-        self._residual = flat.index_fill_(0, rows, 0)[:num_rows] if capacity < num_rows else None
+        if self._residual is not None:  # rows that did not fit wait here, added to the next gradient
+            self._residual.copy_(flat.index_fill_(0, rows, 0)[:num_rows])
         return buffer
 
     def _unpack_torch(self, grads: list[Tensor], gathered: Tensor, world: int) -> Tensor:

@@ -111,17 +111,33 @@ class ByteSplatPipeline(VanillaPipeline):
         """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest
         (--pipeline.exchange dense: one all-reduce for all). No host sync. `note` travels with the exchange (see
         run_control.py); every rank's note of the previous step is in the returned stats."""
+        splat_grads, other_grads = self._gradients()
+        return self.exchange.average(splat_grads, note=note, dense=other_grads)
+
+    # The step graph (step_graph.py) records the compacted exchange's device part with the step and runs its host
+    # parts around each replay: begin_exchange, (replay: exchange_rows), end_exchange.
+    def begin_exchange(self, note: int) -> tuple:
+        """-> what the recorded exchange bakes in (SparseRowExchange.begin)."""
+        return self.exchange.begin(list(self.model.gauss_params.values()), note)
+
+    def exchange_rows(self) -> None:
+        self.exchange.exchange_rows(self._gradients()[0])
+
+    def end_exchange(self) -> ExchangeStats:
+        return self.exchange.end()
+
+    def _gradients(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(the splat parameters' gradients, the other parameters'); zeros for a parameter this rank's step did not
+        reach, as on every rank."""
         splat_params = list(self.model.gauss_params.values())  # densification replaces these: listed each step
         if self._other_params is None:  # camera optimizer, bilateral grid: the same tensors all run long
             splat_ids = {id(p) for p in splat_params}
             groups = self.get_param_groups().values()
             self._other_params = [p for group in groups for p in group if id(p) not in splat_ids]
-        for param in (*splat_params, *self._other_params):  # not reached by this rank's step: zeros, as everywhere
+        for param in (*splat_params, *self._other_params):
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        return self.exchange.average(
-            [p.grad for p in splat_params], note=note, dense=[p.grad for p in self._other_params]
-        )
+        return [p.grad for p in splat_params], [p.grad for p in self._other_params]
 
 
 def _build_exchange_kernels() -> None:

@@ -23,7 +23,16 @@ while recording the fused renderer evaluates SH with render/sh.py instead; the g
 cuDNN for the same kind of reason (model.py). tests/test_step_graph.py holds a replayed step to the same step run
 op by op.
 
-Used with one CUDA process on the fused loss path, with the one-launch Adam (adam_all_groups.py: it reads
+Several GPUs (one process each): the graph holds the compacted gradient exchange's device part (pack, NCCL
+all-gather, unpack: grad_compaction.py) between backward and Adam. Its host parts run around each replay: before,
+the late read of earlier headers sets the capacity and this step's note goes into a device tensor; after, the
+gathered headers start their copy to the host. The graph is recorded again when the capacity or the residual
+buffer changes; both follow from the gathered counts, so they change at the same step on every rank. Ranks may
+record at different steps (their binning capacities differ): a recording runs nothing, and every step, replayed
+or eager, makes exactly one all-gather of the same size on every rank, so the collectives stay matched.
+
+Used with CUDA processes on the fused loss path (several: with the compacted exchange and its kernels), with the
+one-launch Adam (adam_all_groups.py: it reads
 its learning rates from a device tensor the trainer refreshes before each step), the camera optimizer off, no scale
 regularisation, no mixed precision and no gradient accumulation (`ineligible` says which is missing; the trainer
 then runs every step eagerly). --cuda-graph False turns it off.
@@ -39,6 +48,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bytesplat_ns.grad_compaction import SparseRowExchange
+
 StepBody = Callable[[Tensor, object, dict], tuple]
 """(step as a [] int64 device tensor, camera, batch) -> (loss, loss_dict, metrics_dict): the step's forward,
 backward, densification statistics, guard and optimizer update, as the trainer runs it eagerly."""
@@ -50,11 +61,13 @@ class StepGraphError(RuntimeError):
 
 def ineligible(trainer) -> str | None:
     """Why `trainer`'s steps cannot be replayed as a graph (None: they can)."""
-    model = trainer.pipeline.model
+    model, exchange = trainer.pipeline.model, trainer.pipeline.exchange
     cfg = model.config
     checks = [
         (not trainer.device.startswith("cuda"), "training on the CPU"),
-        (trainer.world_size > 1, "several processes (the gradient exchange runs between backward and optimizer)"),
+        (trainer.world_size > 1 and not (isinstance(exchange, SparseRowExchange) and exchange.kernels),
+         "several processes without the compacted exchange's kernels (--pipeline.exchange dense, or "
+         "--pipeline.exchange-kernels False)"),
         (model.renderer() != "fused" or not cfg.fused_loss, "the renderer is not the fused loss path"),
         (cfg.use_bilateral_grid or cfg.output_depth_during_training, "the bilateral grid or depth in training"),
         (cfg.camera_optimizer.mode != "off", "the camera optimizer is on"),
@@ -97,12 +110,14 @@ class _StaticInputs:
 
 class StepGraph:
     def __init__(self, trainer, body: StepBody) -> None:
+        self.pipeline = trainer.pipeline
         self.model = trainer.pipeline.model
         self.optimizers = trainer.optimizers
         self.body = body
         device = self.model.device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
+        self.exchange_key: tuple | None = None  # several ranks: what the recorded exchange baked in
         self._eager_key: tuple | None = None  # the configuration of the last step run op by op
         self.outputs: tuple | None = None
         self.inputs: _StaticInputs | None = None
@@ -116,8 +131,9 @@ class StepGraph:
         self.eager: Counter[str] = Counter()
         """Steps run op by op, by reason."""
 
-    def run(self, step: int, camera, batch: dict) -> tuple | None:
-        """Replay (recording first if needed) the step on `camera` and `batch`: -> (loss, loss_dict, metrics_dict),
+    def run(self, step: int, camera, batch: dict, note: int | None = None) -> tuple | None:
+        """Replay (recording first if needed) the step on `camera` and `batch`; `note`: this rank's note for the
+        exchange (several ranks) or None (one). -> ((loss, loss_dict, metrics_dict), the exchange's stats or None),
         or None when this step must run eagerly (the eager step makes new gradients: the graph is stale then)."""
         key = self._key(camera, batch)
         bins = self.model.bins
@@ -135,15 +151,17 @@ class StepGraph:
             self._forget()
             return None
         wanted = bins.next(self.model.num_points, bins.tile_size)  # the side of the step before: same resolution
-        if key != self.key or wanted > self.bins.capacity:
+        exchange_key = self.pipeline.begin_exchange(note) if note is not None else None
+        if key != self.key or exchange_key != self.exchange_key or wanted > self.bins.capacity:
             self._record(key, camera, batch, wanted)
+            self.exchange_key = exchange_key
         self.inputs.load(camera, batch)
         self.step.fill_(step)
         self.graph.replay()
         bins.observe(self.bins.total, self.bins.capacity)
         self.model.info, self.model.pruned = self.info  # an evaluation or viewer render since may have replaced them
         self.replays += 1
-        return self.outputs
+        return self.outputs, self.pipeline.end_exchange() if note is not None else None
 
     def summary(self) -> str:
         eager = ", ".join(f"{n} {why}" for why, n in self.eager.items())
@@ -153,7 +171,7 @@ class StepGraph:
     def _forget(self) -> None:
         """Mark the graph stale and drop what points into its buffers. The graph itself stays until the next
         recording, which reuses its memory pool (a new pool per recording would allocate and free every buffer)."""
-        self.key = self.outputs = self.inputs = self.bins = self.info = None
+        self.key = self.exchange_key = self.outputs = self.inputs = self.bins = self.info = None
 
     def _record(self, key: tuple, camera, batch: dict, capacity: int) -> None:
         began = time.perf_counter()

@@ -270,9 +270,12 @@ class ByteSplatTrainer(Trainer):
         camera, batch = self.pipeline.datamanager.next_train(step)
         if self.adam is not None:
             self.adam.load_learning_rates()  # what the schedulers set last step, for the eager and replayed steps
-        replayed = self.step_graph.run(step, camera, batch) if self.step_graph is not None else None
+        note = self.control.note() if self.control is not None else None
+        replayed = self.step_graph.run(step, camera, batch, note) if self.step_graph is not None else None
         if replayed is not None:
-            (loss, loss_dict, metrics_dict), exchange = replayed, None
+            (loss, loss_dict, metrics_dict), exchange = replayed
+            if exchange is not None:
+                self.control.agree(exchange.notes)
             clock.lap("graph")
         else:
             optimizers.zero_grad_some(self._stepping(step))
@@ -307,8 +310,11 @@ class ByteSplatTrainer(Trainer):
         clock.lap("backward")
         guarded_loss, exchange = loss, None
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
-            exchange = self.pipeline.average_gradients(note=self.control.note())
-            self.control.agree(exchange.notes)
+            if guard_step is None:
+                exchange = self.pipeline.average_gradients(note=self.control.note())
+                self.control.agree(exchange.notes)
+            else:  # recording the step graph: the exchange's host parts run around each replay (StepGraph.run)
+                self.pipeline.exchange_rows()
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
             clock.lap("exchange")
         if self.guard.check_every > 0:

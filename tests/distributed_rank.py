@@ -2,8 +2,9 @@
 
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
-[--load-dir DIR]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat count
-after every step and its final parameters.
+[--load-dir DIR] [--cuda]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat
+count after every step, its final parameters and its step graph's counts. --cuda: NCCL, GPU RANK, a white
+background (the default CUDA path: fused renderer, step graph).
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ def rank_config(root: Path, views: int, load_dir: Path | None = None):
 
 
 def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, signal_at: tuple[int, int] | None = None,
-             load_dir: Path | None = None, pause_at: int | None = None) -> None:  # fmt: skip
+             load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
     SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S later."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     config = rank_config(root, views, load_dir)
     config.machine.num_devices = world
+    if cuda:
+        config.machine.device_type = "cuda"
+        config.pipeline.model.background_color = "white"
+        config.pipeline.model.stop_split_at = views // 2  # then steady steps: the step graph replays
     trainer = config.setup(local_rank=rank, world_size=world)
     trainer.setup()
     counts: list[int] = []
@@ -74,13 +79,15 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
 
     trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], after_step))
     trainer.train()
-    params = {name: p.detach().clone() for name, p in model.gauss_params.items()}
+    params = {name: p.detach().cpu() for name, p in model.gauss_params.items()}
     record = {
         "counts": counts,
         "times": times,
         "params": params,
         "start_step": trainer._start_step,
         "step": trainer.step,
+        "graph": (trainer.step_graph.captures, trainer.step_graph.replays) if trainer.step_graph else None,
+        "graph_off": trainer.graph_off,
     }
     torch.save(record, root / f"rank{rank}.pt")
     dist.barrier()
@@ -97,9 +104,11 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, nargs=2, default=None, metavar=("STEP", "SIGNAL"))
     parser.add_argument("--load-dir", type=Path, default=None)
     parser.add_argument("--pause-at", type=int, default=None)
+    parser.add_argument("--cuda", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
-    run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at)
+    run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
+             args.cuda)  # fmt: skip
 
 
 if __name__ == "__main__":

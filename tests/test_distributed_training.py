@@ -24,6 +24,7 @@ VIEWS = 48
 """Training views of the 2-rank run (24 steps of 2 views); refines every 8 views from view 8."""
 RANK_TIMEOUT_S = 300
 DEAD_RANK_EXIT_S = 60
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
 
 
 def start_ranks(root: Path, world: int, *extra: str, signal_at: dict[int, tuple[int, int]] | None = None
@@ -133,12 +134,15 @@ def test_a_dead_or_hung_rank_stops_the_others_with_a_message(tmp_path, how):
     assert any(m in " ".join(out.split()) for m in messages), out[-3000:]  # killed: gloo fails at once, or the watchdog
 
 
-def test_rank0_pause_and_stop_reach_every_rank(tmp_path):
+@pytest.mark.parametrize("where", ["cpu", pytest.param("cuda", marks=two_gpus)])
+def test_rank0_pause_and_stop_reach_every_rank(tmp_path, where):
     """Rank 0 pauses (as its viewer would) after step 4 and gets Ctrl-C after step 14. The requests travel with
     the next step's gradient exchange, whose headers are read STEPS_LATE exchanges later, so both ranks pause
     after step 5 + STEPS_LATE, resume together, and stop after step 15 + STEPS_LATE, with rank 0 writing the
-    final checkpoint."""
-    procs = start_ranks(tmp_path, 2, "--views", "400", "--pause-at", "4", signal_at={0: (14, int(signal.SIGINT))})
+    final checkpoint. On GPUs the exchange is part of the replayed step graph."""
+    extra = ["--cuda"] if where == "cuda" else []
+    procs = start_ranks(tmp_path, 2, "--views", "400", "--pause-at", "4", *extra,
+                        signal_at={0: (14, int(signal.SIGINT))})  # fmt: skip
     finish(procs)
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     paused_after, stopped_after = 5 + STEPS_LATE, 15 + STEPS_LATE
@@ -169,3 +173,21 @@ def test_views_per_step_rule():
     assert per_step_views(bytesplat.config, 1) is bytesplat.config
     assert views_to_steps(0, 3) == 0 and views_to_steps(1, 3) == 1
     assert resumed_start_step(100, 2, 4) == 50 and resumed_start_step(100, 4, 1) == 400
+
+
+@two_gpus
+def test_two_gpus_replay_the_step_graph_and_stay_identical(tmp_path):
+    """On GPUs each rank replays its step, the compacted exchange inside, as a CUDA graph (step_graph.py): the
+    splat counts are equal after every step and the parameters at the end, as op by op."""
+    views = 400  # refines until view 200, then steady steps
+    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda"))
+    records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for record in records:
+        assert record["graph_off"] is None
+        captures, replays = record["graph"]
+        assert replays >= views // 4, record["graph"]  # most of the 100 steady steps
+    assert records[0]["counts"] == records[1]["counts"]
+    assert len(set(records[0]["counts"])) > 1, "no refine changed the splat count"
+    for name, param in records[0]["params"].items():
+        assert torch.equal(param, records[1]["params"][name]), name
+        assert torch.isfinite(param).all(), name

@@ -34,7 +34,8 @@ struct RowParts {
 struct PackParams {
   RowParts grads;             // read
   const float* residual_in;   // [N, D] added to the rows, or nullptr
-  float* residual_out;        // [N, D] rows past the capacity (zeros elsewhere), or nullptr
+  float* residual_out;        // [N, D] rows past the capacity (zeros elsewhere), or nullptr; may be residual_in
+                              // (each value is read, then written, by the same lane)
   void* buffer;               // [capacity + 1, slots + D]; its header row zeroed before the launch
   bool half;
   int capacity;
