@@ -9,8 +9,10 @@ rasterization with an L1 loss against a random target, each variant timed with C
   fused_l1        our fused kernel with the L1 loss formed on-chip: one launch (the headline)
   fused_ssim      splatfacto's 0.8 L1 + 0.2 D-SSIM through fused_loss_raster (render, the SSIM kernels as in
                   training, fused pass)
-plus tile binning's pruning (capacity, entries pruned). --ncu reruns each variant under Nsight Compute
-(--clock-control none) and sums dram__bytes_read.sum + dram__bytes_write.sum over the step's kernels.
+plus tile binning's pruning (capacity, entries pruned). Every variant runs on the same tile lists (our binning), on
+tiles of the renderer's side for the image size (ops.tile_size_for: 16 pixels for these scenes) or --tile-size's.
+--ncu reruns each variant under Nsight Compute (--clock-control none) and sums dram__bytes_read.sum +
+dram__bytes_write.sum over the step's kernels.
 Writes --json (benchmarks/results/fused_kernel.json) and prints a table.
 """
 
@@ -168,9 +170,11 @@ def errors(bench: Bench) -> dict:
     return out
 
 
-def ncu_bytes(scene: str, variant: str, lego_ckpt: str | None) -> float | None:
+def ncu_bytes(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | None) -> float | None:
     cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv",
            "--print-units", "base", sys.executable, __file__, "--ncu-child", scene, variant]  # fmt: skip
+    if tile_size is not None:
+        cmd += ["--tile-size", str(tile_size)]
     if lego_ckpt:
         cmd += ["--lego-ckpt", lego_ckpt]
     try:
@@ -206,8 +210,17 @@ def main() -> None:
         default=[],
         help="also time the fused kernel with the on-chip capacity of this many blocks per SM",
     )
+    parser.add_argument(
+        "--tile-size",
+        type=int,
+        choices=(ops.TILE_SIZE, ops.SMALL_TILE_SIZE),
+        default=None,
+        help="bin and rasterize every variant on tiles of this side (default: the renderer's choice)",
+    )
     parser.add_argument("--ncu-child", nargs=2, metavar=("SCENE", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tile_size is not None:
+        ops.tile_size_for = lambda width, height, device: args.tile_size  # read by prepare() for every variant
 
     if args.ncu_child:  # one profiled step under ncu
         bench = Bench(*scene_for(args.ncu_child[0], args.lego_ckpt))
@@ -234,7 +247,7 @@ def main() -> None:
             }
         row.update(errors(bench))
         if args.ncu:
-            row["dram_bytes"] = {v: ncu_bytes(name, v, args.lego_ckpt) for v in NCU_VARIANTS}
+            row["dram_bytes"] = {v: ncu_bytes(name, v, args.lego_ckpt, args.tile_size) for v in NCU_VARIANTS}
         results["scenes"][name] = row
         print(f"{name}: {json.dumps(row)}", flush=True)
         del bench
