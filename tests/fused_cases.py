@@ -427,18 +427,19 @@ def check_bin_capacity_renders(seed: int, tile_size: int) -> None:
 
 
 def check_backend_tile_side(seed: int) -> None:
-    """The fused backend bins an image on 8-pixel tiles when it has fewer 16-pixel tiles than the device has SMs,
+    """The fused backend bins an image on 8-pixel tiles when it has fewer 16-pixel tiles than two waves of blocks,
     else on 16-pixel tiles, with the on-chip capacity of that side."""
     from bytesplat_ns.render.fused_backend import prepare
     from tests.test_gsplat_parity import _on_device, build_scene
 
     sms = torch.cuda.get_device_properties(torch.device(DEVICE)).multi_processor_count
     assert ops.sm_count(torch.cuda.current_device()) == sms
+    two_waves = ops.SMALL_TILE_WAVES * ops.BLOCKS_PER_SM * sms
     for width, height in ((100, 100), (320, 240), (800, 608)):
         scene, cam, _ = build_scene(2000, width, height, seed)
         with torch.no_grad():
             prep = prepare(_on_device(scene, torch.float32, False), cam, RasterizeOptions(), with_depth=False)
-        side = 8 if math.ceil(width / 16) * math.ceil(height / 16) < sms else 16
+        side = 8 if math.ceil(width / 16) * math.ceil(height / 16) < two_waves else 16
         assert ops.tile_size_for(width, height, prep.means2d.device) == side
         assert prep.tiles.tile_size == side, (width, height, sms)
         assert (prep.tiles.tiles_x, prep.tiles.tiles_y) == (math.ceil(width / side), math.ceil(height / side))

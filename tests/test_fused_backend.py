@@ -3,7 +3,7 @@
 CPU (CI): the lazy loader's errors and cache key, and every csrc/ source compiled (nvcc for .cu, the host
 compiler against torch's headers for .cpp) without running anything.
 
-CPU: also the rule that picks 8-pixel tiles for images with fewer 16-pixel tiles than the GPU has SMs.
+CPU: also the rule that picks 8-pixel tiles for images with fewer 16-pixel tiles than two waves of blocks.
 
 GPU: the kernels on random 2D splats against `torch_backend.composite` in float64, fed the very same float32
 numbers and the same tile lists, so only the compositing itself is compared, on 16- and 8-pixel tiles
@@ -63,21 +63,24 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel
 # ----------------------------------------------------------------------------------------------
 
 
-def test_small_images_get_8_pixel_tiles(monkeypatch):
-    """8-pixel tiles exactly when the image has fewer 16-pixel tiles than the device has SMs (132 on the H200)."""
+def test_smaller_images_get_8_pixel_tiles(monkeypatch):
+    """8-pixel tiles exactly when the image has fewer 16-pixel tiles than two waves of fused-kernel blocks: 2 x 4
+    blocks per SM x 132 SMs on the H200 = 1056."""
     from bytesplat_ns.cuda import ops
 
     monkeypatch.setattr(ops, "sm_count", lambda index: 132)
     cuda = torch.device("cuda", 0)
-    assert ops.tile_size_for(100, 100, cuda) == ops.SMALL_TILE_SIZE == 8  # lego at a quarter: 7x7 = 49 tiles
-    assert ops.tile_size_for(200, 200, cuda) == ops.TILE_SIZE == 16  # 13x13 = 169
-    assert ops.tile_size_for(800, 800, cuda) == 16
-    assert ops.tile_size_for(12 * 16, 11 * 16, cuda) == 16  # 132 tiles: not fewer than the SMs
-    assert ops.tile_size_for(11 * 16 + 1, 11 * 16, cuda) == 16  # a partial tile counts: 12x11
-    assert ops.tile_size_for(11 * 16, 11 * 16, cuda) == 8  # 121
-    assert ops.tile_size_for(131 * 16, 1, cuda) == 8
+    assert ops.tile_size_for(100, 100, cuda) == ops.SMALL_TILE_SIZE == 8  # lego-400 at a quarter: 7x7 = 49 tiles
+    assert ops.tile_size_for(200, 200, cuda) == 8  # 13x13 = 169
+    assert ops.tile_size_for(400, 400, cuda) == 8  # 25x25 = 625
+    assert ops.tile_size_for(800, 800, cuda) == ops.TILE_SIZE == 16  # 50x50 = 2500
+    assert ops.tile_size_for(1920, 1080, cuda) == 16
+    assert ops.tile_size_for(33 * 16, 32 * 16, cuda) == 16  # 1056 tiles: not fewer than two waves
+    assert ops.tile_size_for(32 * 16 + 1, 33 * 16, cuda) == 16  # a partial tile counts: 33x33
+    assert ops.tile_size_for(32 * 16, 32 * 16, cuda) == 8  # 1024
+    assert ops.tile_size_for(1055 * 16, 1, cuda) == 8
     assert ops.tile_size_for(1, 1, cuda) == 8
-    monkeypatch.setattr(ops, "sm_count", lambda index: 1)  # one SM: never fewer tiles than that
+    monkeypatch.setattr(ops, "sm_count", lambda index: 0)  # no SM: never fewer tiles than that
     assert ops.tile_size_for(1, 1, cuda) == 16
 
 

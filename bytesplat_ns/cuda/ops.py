@@ -2,7 +2,7 @@
 
 Layout as gsplat's `_wrapper.py`: checks and reshaping here, the Functions only make inputs contiguous, call
 the kernel and save what backward needs. All tensors are float32 on one CUDA device; N splats, T tiles of
-16x16 pixels (8x8 for small images: `tile_size_for`), M tile entries.
+16x16 pixels (8x8 for smaller images: `tile_size_for`), M tile entries.
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from bytesplat_ns.cuda import build
 TILE_SIZE = 16
 """Tile side in pixels of the kernels by default: one block of 16x16 threads per tile, one pixel each."""
 SMALL_TILE_SIZE = 8
-"""Tile side for images with fewer 16-pixel tiles than the GPU has SMs (`tile_size_for`): blocks of 8x8 threads."""
+"""Tile side for images with fewer 16-pixel tiles than two waves of blocks (`tile_size_for`): blocks of 8x8 threads."""
 BLOCKS_PER_SM = 4
 """Fused-kernel blocks meant to share one SM: each gets 1/BLOCKS_PER_SM of the SM's shared memory, for either tile
 side. For 16-pixel tiles 4 is what the kernel's register budget allows (kMinBlocksPerSm<16> in
 csrc/rasterize_fused.cu: keep the two equal); on the H200 it ran faster than 2 or 3 on both benchmark scenes
 (benchmarks/RESULTS.md, sixth session). More would only shrink the capacity: registers keep at most 4 blocks on an
-SM. 8-pixel tiles get the same share per block (more splats fit: their blocks' fixed part is smaller); 4 per SM is
-all they need: they are used only for images of fewer than 4 x SMs 8-pixel tiles (`tile_size_for`:
-ceil(w/8) ceil(h/8) <= 4 ceil(w/16) ceil(h/16) < 4 SMs), so all their blocks fit on the GPU at once."""
+SM. 8-pixel tiles get the same share per block (more splats fit: their blocks' fixed part is smaller)."""
+SMALL_TILE_WAVES = 2
+"""`tile_size_for` takes 8-pixel tiles for images with fewer 16-pixel tiles than this many waves of fused-kernel
+blocks (SMs x BLOCKS_PER_SM)."""
 
 
 @dataclass
@@ -81,18 +82,23 @@ def sm_count(device_index: int) -> int:
 
 def tile_size_for(width: int, height: int, device: torch.device) -> int:
     """The tile side the kernels use for a width x height image on `device`: SMALL_TILE_SIZE (8) when the image has
-    fewer 16-pixel tiles, ceil(w/16) ceil(h/16), than the device has SMs, else TILE_SIZE (16).
+    fewer 16-pixel tiles, ceil(w/16) ceil(h/16), than SMALL_TILE_WAVES waves of blocks (SMs x BLOCKS_PER_SM: 1056
+    on the H200's 132 SMs), else TILE_SIZE (16).
 
-    Why: the kernels run one block per tile, each walking its tile's list of splats. With fewer tiles than SMs some
-    SMs idle while each block walks a long list; on lego's first 3000 steps (100x100 pixels, 7x7 = 49 tiles on the
-    H200's 132 SMs) rasterization took 2.5 of the 3.0 GPU ms per step. 8-pixel tiles give that image 13x13 = 169
-    blocks, each walking a shorter list. With at least one 16-pixel tile per SM the larger tiles stay: every SM is
-    busy, and a 16-pixel block loads each splat once for 256 pixels instead of 64.
+    Why: the kernels run one block per tile, each walking its tile's list of splats, and a step lasts as long as
+    its slowest blocks. With few tiles the tiles holding the object's middle have the longest lists and most SMs
+    wait for them; 8-pixel tiles cut each such list four ways (a tile's list holds the splats that reach it, and a
+    smaller tile is reached by fewer). On the H200, lego-400 trained at 1.80 ms per step with 8-pixel tiles at
+    every resolution (its 100x100, 200x200 and 400x400 images have 49, 169 and 625 16-pixel tiles) against 2.18 ms
+    with 8-pixel tiles below 132 tiles only (benchmarks/RESULTS.md, thirteenth session). With many tiles every
+    SM has work, and 16-pixel tiles cost less: a block loads each splat once for 256 pixels instead of 64, and a
+    splat enters fewer lists; on the kernel benchmark's 800x800 (2500 tiles) and 1920x1080 (8160 tiles) scenes the
+    fused step took 1.42 and 4.82 ms with 16-pixel tiles, 1.90 and 7.81 ms with 8-pixel ones.
 
     The choice depends on the image size only (and the device), so a training step at a given resolution always
     uses the same side (step_graph.py relies on that)."""
     tiles = -(-width // TILE_SIZE) * -(-height // TILE_SIZE)
-    return SMALL_TILE_SIZE if tiles < sm_count(_index(device)) else TILE_SIZE
+    return SMALL_TILE_SIZE if tiles < SMALL_TILE_WAVES * BLOCKS_PER_SM * sm_count(_index(device)) else TILE_SIZE
 
 
 @dataclass

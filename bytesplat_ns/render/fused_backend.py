@@ -22,7 +22,7 @@ Two ways in:
     It returns the loss as a tensor whose backward hands out the gradients already computed (scaled), so
     `loss.backward()` in the trainer reaches the splat parameters through gsplat's projection and SH.
 
-Tiles: 16x16 pixels, or 8x8 when the image has fewer 16-pixel tiles than the GPU has SMs (`ops.tile_size_for`:
+Tiles: 16x16 pixels, or 8x8 when the image has fewer 16-pixel tiles than two waves of blocks (`ops.tile_size_for`:
 then more, shorter tile lists keep every SM busy). The side depends on the image size only; RasterizeOptions.tile_size
 (gsplat's and the torch reference's tile side) is not read here.
 

@@ -6,8 +6,8 @@
 
 namespace bytesplat {
 
-// The tile sides the kernels are instantiated for: 16 by default, 8 for images with fewer 16-pixel tiles than the
-// GPU has SMs (bytesplat_ns/cuda/ops.py, tile_size_for). A block covers one tile, one thread per pixel.
+// The tile sides the kernels are instantiated for: 16 by default, 8 for images with fewer 16-pixel tiles than two
+// waves of blocks (bytesplat_ns/cuda/ops.py, tile_size_for). A block covers one tile, one thread per pixel.
 constexpr int kTileLarge = 16;
 constexpr int kTileSmall = 8;
 

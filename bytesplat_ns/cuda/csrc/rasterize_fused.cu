@@ -26,8 +26,7 @@ constexpr int kMiscBytes = 64;
 // Register budget: the launch bounds ask for kThreadsPerSm threads resident per SM, which caps registers at
 // 65536 / 1024 = 64 per thread for either tile side: 4 blocks of 256 threads (16-pixel tiles; ops.BLOCKS_PER_SM
 // is the same 4) or 16 blocks of 64 (8-pixel tiles). An 8-pixel block takes the same shared-memory share as a
-// 16-pixel one (1 / ops.BLOCKS_PER_SM of the SM), so 4 of them fit an SM: all that an image on 8-pixel tiles
-// needs, as it has fewer than 4 blocks per SM (ops.tile_size_for).
+// 16-pixel one (1 / ops.BLOCKS_PER_SM of the SM), so 4 of them fit an SM.
 constexpr int kThreadsPerSm = 1024;
 template <int TILE>
 constexpr int kMinBlocksPerSm = kThreadsPerSm / TileShape<TILE>::kBlock;
