@@ -78,13 +78,16 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
     return runs
 
 
-def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blender-data") -> None:
+def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blender-data",
+          save_every: int | None = None) -> None:  # fmt: skip
+    """Start ns-train for `run`: a checkpoint at the end (and every `save_every` views, all kept, if given)."""
     # bytesplat reads --max-num-iterations (and --steps-per-save) as views: views / N steps on N GPUs
+    keep_all = ["--save-only-latest-checkpoint", "False"] if save_every else []
     cmd = [
         sys.executable, OFFLINE, "ns-train", run.method, "--data", str(data), "--max-num-iterations", str(views),
         "--machine.seed", str(run.seed), "--vis", "tensorboard", "--steps-per-eval-image", "0",
-        "--steps-per-eval-all-images", "0", "--steps-per-save", str(views), "--output-dir", str(out / "runs"),
-        "--experiment-name", run.lane, "--timestamp", str(run.seed), *run.args,
+        "--steps-per-eval-all-images", "0", "--steps-per-save", str(save_every or views), *keep_all,
+        "--output-dir", str(out / "runs"), "--experiment-name", run.lane, "--timestamp", str(run.seed), *run.args,
         "--pipeline.model.background-color", "white", dataparser,
     ]  # fmt: skip
     env = {**_env(run.gpus), "TORCHDYNAMO_DISABLE": "1", "PYTHONUNBUFFERED": "1"}

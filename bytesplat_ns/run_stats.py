@@ -42,6 +42,8 @@ class RunStats:
     startup_unix: dict[str, float] = field(default_factory=dict)
     """Start-up mark -> wall-clock time (time.time()) it was passed (trainer.py: trainer made, pipeline set up,
     images cached, set-up done, training loop entered); with first_step_unix, where start-up goes."""
+    saved_unix: dict[int, float] = field(default_factory=dict)
+    """Checkpoint step -> wall-clock time its save began (benchmarks/time_to_target.py: quality against time)."""
     _started: float | None = None
 
     def start_step(self) -> None:

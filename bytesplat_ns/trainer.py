@@ -399,6 +399,7 @@ class ByteSplatTrainer(Trainer):
         """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename. Rank 0 only."""
         if not self.is_main:
             return
+        self.stats.saved_unix[step] = time.time()
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
         tmp = path.with_suffix(".ckpt.tmp")
