@@ -74,6 +74,9 @@ class ByteSplatTrainerConfig(TrainerConfig):
     cuda_graph: bool = True
     """On one CUDA GPU with the fused renderer: record the training step as a CUDA graph and replay it, recording
     again after densification (step_graph.py says when it applies). False: every step runs op by op."""
+    cuda_graph_several_gpus: bool = False
+    """With several GPUs: replay each rank's step, the compacted exchange's NCCL all-gather inside, as a CUDA graph
+    too. Off by default: this path has passed its CPU tests but not yet a run on two GPUs (benchmarks/RESULTS.md)."""
     adam_one_launch: bool = True
     """On CUDA: step every parameter group's Adam in one kernel launch (adam_all_groups.py). False: nerfstudio's
     per-group step (torch's fused Adam, two launches per group)."""
@@ -439,8 +442,8 @@ class ByteSplatTrainer(Trainer):
             self.pipeline.eval()
             self.heldout_psnr = float(self.pipeline.get_average_eval_image_metrics(step=self.step)["psnr"])
             self.pipeline.train()
+        super()._after_train()  # nerfstudio's final checkpoint, before the summary writes its save time
         self._print_summary()
-        super()._after_train()
 
     def _graph_counts(self) -> dict[str, object]:
         graph = self.step_graph

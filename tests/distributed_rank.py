@@ -61,6 +61,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
         config.machine.device_type = "cuda"
         config.pipeline.model.background_color = "white"
         config.pipeline.model.stop_split_at = views // 2  # then steady steps: the step graph replays
+        config.cuda_graph_several_gpus = True
     trainer = config.setup(local_rank=rank, world_size=world)
     trainer.setup()
     counts: list[int] = []

@@ -47,6 +47,17 @@ def test_the_cpu_trains_op_by_op_and_says_why(tmp_path):
     assert trainer.graph_off == "training on the CPU"
 
 
+def test_several_gpus_train_op_by_op_unless_asked(tmp_path):
+    """The replayed multi-GPU step waits for its two-GPU check: off by default, with the flag in the reason."""
+    from bytesplat_ns.step_graph import ineligible
+
+    trainer = make_trainer(tmp_path, steps=1)
+    trainer.device, trainer.world_size = "cuda:0", 2  # as rank 0 of two GPUs sees itself
+    assert "--cuda-graph-several-gpus True" in ineligible(trainer)
+    trainer.config.cuda_graph_several_gpus = True
+    assert "--cuda-graph-several-gpus True" not in (ineligible(trainer) or "")
+
+
 def _state(trainer) -> list[torch.Tensor]:
     """Every parameter, Adam state and densification statistics tensor (the same tensor objects each call while
     nothing refines)."""

@@ -62,6 +62,14 @@ def test_progress_shows_heldout_psnr_and_a_summary(run):
         assert line in summary, summary
 
 
+def test_stats_stamp_every_checkpoint_with_its_save_time(run):
+    """time_to_target.py reads these stamps; the final checkpoint (nerfstudio's, after the loop) has one too."""
+    stats = json.loads((run / "bytesplat_stats.json").read_text())
+    saved = {int(step) for step in stats["saved_unix"]}
+    written = {int(p.stem.split("-")[1]) for p in (run / "nerfstudio_models").glob("step-*.ckpt")}
+    assert STEPS - 1 in saved and written <= saved, (saved, written)
+
+
 def test_densification_ran(run):
     means = checkpoint(run, STEPS - 1)["pipeline"]["_model.gauss_params.means"]
     assert means.shape[0] != SCENE.num_points
