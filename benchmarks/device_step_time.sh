@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the 1-GPU machine (after `source .device-kit/on-device.sh`; carry .build-cache), issue #6: build the
-# CUDA extension (device_build.sh), run GPU_TESTS, then benchmarks/step_time.py on lego (STEP_TIME_ARGS: its
-# options, e.g. "--steps 7000"). Files in $OUT: build.log, pytest.log, step_time.log, step_time.json; table last.
+# CUDA extension (device_build.sh), run GPU_TESTS, then, if TIME_TO_TARGET_ARGS is set, benchmarks/time_to_target.py
+# with those options, then benchmarks/step_time.py on lego (STEP_TIME_ARGS: its options, e.g. "--steps 7000";
+# "skip": not run). Files in $OUT: build.log, pytest.log, time_to_target.{log,json}, step_time.{log,json}; table last.
 # The lent machine sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so there every Python process
 # compiles the sources of torch, nerfstudio and the rest anew: ns-train's imports took 15-18 s against 8 s with the
 # bytecode kept (benchmarks/RESULTS.md, twelfth session). An installed Python environment keeps its bytecode, so
@@ -22,9 +23,17 @@ if [ -n "${GPU_TESTS-tests/test_step_graph.py}" ]; then
   python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS-tests/test_step_graph.py} > "$OUT/pytest.log" 2>&1
   tail -3 "$OUT/pytest.log"
 fi
-python3 benchmarks/step_time.py --data .device-kit/data/lego --out /tmp/step-time --json "$OUT/step_time.json" \
-  ${STEP_TIME_ARGS:-} > "$OUT/step_time.log" 2>&1
-status=$?
-grep -h -B2 -A12 "Traceback" /tmp/step-time/*.log 2>/dev/null | tail -40
-tail -6 "$OUT/step_time.log"
+status=0
+if [ -n "${TIME_TO_TARGET_ARGS:-}" ]; then
+  python3 benchmarks/time_to_target.py --data .device-kit/data/lego --out /tmp/time-to-target \
+    --json "$OUT/time_to_target.json" $TIME_TO_TARGET_ARGS > "$OUT/time_to_target.log" 2>&1 || status=1
+  grep -h -B2 -A12 "Traceback" "$OUT/time_to_target.log" /tmp/time-to-target/*.log 2>/dev/null | tail -40
+  tail -7 "$OUT/time_to_target.log"
+fi
+if [ "${STEP_TIME_ARGS:-}" != skip ]; then
+  python3 benchmarks/step_time.py --data .device-kit/data/lego --out /tmp/step-time --json "$OUT/step_time.json" \
+    ${STEP_TIME_ARGS:-} > "$OUT/step_time.log" 2>&1 || status=1
+  grep -h -B2 -A12 "Traceback" /tmp/step-time/*.log 2>/dev/null | tail -40
+  tail -6 "$OUT/step_time.log"
+fi
 exit $status
