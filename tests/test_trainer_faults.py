@@ -124,3 +124,45 @@ def test_guard_flags_a_nonfinite_gradient_and_zeroes_that_steps_gradients():
         p.grad = torch.ones_like(p)
     guard.after_backward(5, torch.tensor(0.5), optimizers)  # later good steps: the first bad step is kept
     assert int(guard.first_bad_step) == 4 and bool((params[0].grad == 1).all())
+
+
+def test_guard_refreshes_its_snapshot_in_place_until_a_shape_changes():
+    """One snapshot at a time: the same tensors are overwritten while shapes hold, and a restore brings back the
+    values of the last check."""
+    from bytesplat_ns.finite_guard import NonFiniteGuard
+
+    params = [torch.nn.Parameter(torch.zeros(5, w)) for w in (3, 1)]
+    optimizers = {"a": torch.optim.Adam(params[:1]), "b": torch.optim.Adam(params[1:])}
+
+    def adam_step(value: float) -> None:
+        for p in params:
+            p.grad = torch.full_like(p, value)
+        for opt in optimizers.values():
+            opt.step()
+
+    guard = NonFiniteGuard(check_every=10)
+    adam_step(1.0)
+    guard.check(10, optimizers, {})
+    first = guard.snapshot
+    saved = [t.data_ptr() for ts in first.params.values() for t in ts]
+    adam_step(2.0)
+    expected = [p.detach().clone() for p in params]
+    expected_moments = [optimizers[n].state[p]["exp_avg_sq"].clone() for n, p in zip("ab", params)]
+    guard.check(20, optimizers, {})
+    assert guard.snapshot is first and first.step == 20
+    assert [t.data_ptr() for ts in first.params.values() for t in ts] == saved
+    assert all(torch.equal(s, e) for s, e in zip([*first.params["a"], *first.params["b"]], expected))
+
+    adam_step(3.0)  # a bad step later: back to step 20's state
+    params[0].grad[0, 0] = math.nan
+    guard.after_backward(25, torch.tensor(0.5), optimizers)
+    assert guard.check(30, optimizers, {"grad2d": 1, "count": 1, "radii": 1})
+    assert all(torch.equal(p, e) for p, e in zip(params, expected))
+    moments = [optimizers[n].state[p]["exp_avg_sq"] for n, p in zip("ab", params)]
+    assert all(torch.equal(m, e) for m, e in zip(moments, expected_moments))
+
+    grown = torch.nn.Parameter(torch.zeros(7, 3))  # a refine changed a shape: a new snapshot
+    optimizers["a"].param_groups[0]["params"] = [grown]
+    optimizers["a"].state.clear()
+    guard.check(40, optimizers, {})
+    assert guard.snapshot is not first and guard.snapshot.params["a"][0].shape == (7, 3)
