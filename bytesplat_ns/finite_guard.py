@@ -117,7 +117,8 @@ def _refresh(snapshot: _Snapshot | None, step: int, optimizers: dict[str, torch.
                 return False
             targets += [t for t, _ in pairs]
             sources += [v for _, v in pairs]
-    torch._foreach_copy_(targets, sources)
+    if targets:
+        torch._foreach_copy_(targets, sources)
     for name, opt in optimizers.items():  # the optimizer state's plain values (none for torch's Adam)
         for p, saved_state in zip(_group(opt), snapshot.states[name]):
             saved_state.update({k: v for k, v in opt.state.get(p, {}).items() if not torch.is_tensor(v)})
