@@ -24,16 +24,17 @@ if [ -n "${GPU_TESTS-tests/test_step_graph.py}" ]; then
   tail -3 "$OUT/pytest.log"
 fi
 status=0
+bench() {  # bench NAME ARGS...: benchmarks/NAME.py on lego; its log and JSON in $OUT; tracebacks, table
+  local name=$1 runs=/tmp/${1//_/-}; shift  # runs: /tmp/step-time, /tmp/time-to-target
+  python3 "benchmarks/$name.py" --data .device-kit/data/lego --out "$runs" --json "$OUT/$name.json" "$@" \
+    > "$OUT/$name.log" 2>&1 || status=1
+  grep -h -B2 -A12 "Traceback" "$OUT/$name.log" "$runs"/*.log 2>/dev/null | tail -40
+  tail -7 "$OUT/$name.log"
+}
 if [ -n "${TIME_TO_TARGET_ARGS:-}" ]; then
-  python3 benchmarks/time_to_target.py --data .device-kit/data/lego --out /tmp/time-to-target \
-    --json "$OUT/time_to_target.json" $TIME_TO_TARGET_ARGS > "$OUT/time_to_target.log" 2>&1 || status=1
-  grep -h -B2 -A12 "Traceback" "$OUT/time_to_target.log" /tmp/time-to-target/*.log 2>/dev/null | tail -40
-  tail -7 "$OUT/time_to_target.log"
+  bench time_to_target $TIME_TO_TARGET_ARGS
 fi
 if [ "${STEP_TIME_ARGS:-}" != skip ]; then
-  python3 benchmarks/step_time.py --data .device-kit/data/lego --out /tmp/step-time --json "$OUT/step_time.json" \
-    ${STEP_TIME_ARGS:-} > "$OUT/step_time.log" 2>&1 || status=1
-  grep -h -B2 -A12 "Traceback" /tmp/step-time/*.log 2>/dev/null | tail -40
-  tail -6 "$OUT/step_time.log"
+  bench step_time ${STEP_TIME_ARGS:-}
 fi
 exit $status

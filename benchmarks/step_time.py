@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -107,8 +108,6 @@ def run_lane(name: str, spec: str, args: argparse.Namespace) -> dict:
 def median_speedup(path: Path) -> float:
     """time_to_target.py's JSON -> the median over bytesplat seeds of the speedup to splatfacto's mean PSNR over
     seeds (or to its one run's)."""
-    import statistics
-
     report = json.loads(path.read_text())
     target = "mean" if "mean" in report["targets"] else "run"  # "run": time_to_target.py without --target-json
     return statistics.median((r["reached"][target] or {"speedup": 0.0})["speedup"] for r in report["bytesplat"])

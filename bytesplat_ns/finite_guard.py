@@ -102,7 +102,7 @@ def _refresh(snapshot: _Snapshot | None, step: int, optimizers: dict[str, torch.
     dtype still matches (no new memory); False (nothing copied) otherwise."""
     if snapshot is None or snapshot.params.keys() != optimizers.keys():
         return False
-    targets, sources = [], []
+    targets, sources, plain = [], [], []  # plain: (saved state, its non-tensor values), none for torch's Adam
     for name, opt in optimizers.items():
         group = _group(opt)
         if len(group) != len(snapshot.params[name]):
@@ -111,17 +111,18 @@ def _refresh(snapshot: _Snapshot | None, step: int, optimizers: dict[str, torch.
             state = opt.state.get(p, {})
             if state.keys() != saved_state.keys():
                 return False
-            pairs = [(saved, p.detach())] + [(saved_state[k], v) for k, v in state.items() if torch.is_tensor(v)]
+            tensors = {k: v for k, v in state.items() if torch.is_tensor(v)}
+            pairs = [(saved, p.detach())] + [(saved_state[k], v) for k, v in tensors.items()]
             if any(not torch.is_tensor(t) or t.shape != v.shape or t.dtype != v.dtype or t.device != v.device
                    for t, v in pairs):  # fmt: skip
                 return False
             targets += [t for t, _ in pairs]
             sources += [v for _, v in pairs]
+            plain.append((saved_state, {k: v for k, v in state.items() if k not in tensors}))
     if targets:
         torch._foreach_copy_(targets, sources)
-    for name, opt in optimizers.items():  # the optimizer state's plain values (none for torch's Adam)
-        for p, saved_state in zip(_group(opt), snapshot.states[name]):
-            saved_state.update({k: v for k, v in opt.state.get(p, {}).items() if not torch.is_tensor(v)})
+    for saved_state, values in plain:
+        saved_state.update(values)
     snapshot.step = step
     return True
 
