@@ -6,6 +6,8 @@
 # Files in $OUT: build.log, bytesplat_cuda_<hash>.so, pytest.log, ssim_kernel.json, bench.log, fused_kernel.json.
 # GPU_TESTS: the test files to run (default tests/test_fused_backend.py); FUSED_ARGS: more options of
 # fused_kernel.py (e.g. --blocks-per-sm 3 4); SKIP_NCU=1: no DRAM bytes (saves ~2 min).
+# PROFILE="scene:variant ...": afterwards a full Nsight Compute profile of one step of each (the rasterization
+# kernels only), as text: every section's details and the per-instruction SASS counters (CSV), in $OUT/profile.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
@@ -25,3 +27,21 @@ python3 benchmarks/fused_kernel.py --json "$OUT/fused_kernel.json" $ncu_flag ${F
   > "$OUT/bench.log" 2>&1
 echo "bench done: $(( $(date +%s) - start )) s"
 tail -24 "$OUT/bench.log"
+
+if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
+  mkdir -p /tmp/profile
+  for item in $PROFILE; do
+    scene=${item%%:*} variant=${item#*:} rep=/tmp/profile/${item/:/-}
+    ncu --set full --import-source yes --profile-from-start off --clock-control none \
+      -k regex:"fused_kernel|rasterize_to_pixels|forward_kernel" -o "$rep" -f \
+      python3 benchmarks/fused_kernel.py --ncu-child "$scene" "$variant" ${LEGO_CKPT:+--lego-ckpt "$LEGO_CKPT"} \
+      > "$rep.log" 2>&1
+    ncu -i "$rep.ncu-rep" --page details --print-details all > "$rep.details.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1
+    grep -E "^  [a-z_]|Duration|Executed Ipc A|Registers Per|Achieved Occupancy|Executed Instructions  " \
+      "$rep.details.txt" | head -40 | sed "s|^|$item |"
+  done
+  rm -f /tmp/profile/*.ncu-rep
+  tar -czf "$OUT/profile.tgz" -C /tmp profile
+  echo "profile done: $(( $(date +%s) - start )) s"
+fi
