@@ -60,10 +60,14 @@ def random_2d_scene(count, width, height, seed, placement, channels, footprint=(
                     box=None, color_max=1.0, tile_size=16) -> Scene:  # fmt: skip
     """Projected splats drawn in float64, rounded to float32 once; depths on a shuffled grid (no ties); binned by
     the reference on tiles of `tile_size` pixels.
-    placement "left": small splats in the left 30% only, so the tiles on the right stay empty."""
+    placement "left": small splats in the left 30% only, so the tiles on the right stay empty; "needles": long thin
+    splats (axes 8x and 1/4 of the footprint) of opacity from just over the 1/255 cut-off, where the kernels' per-warp
+    reach test (csrc/raster_device.cuh, reach_y) is tightest."""
     g = torch.Generator().manual_seed(seed)
     if placement == "left":
         footprint = (0.5, 1.5)
+    if placement == "needles":
+        opacity = (1.001 * ref.ALPHA_MIN, 0.3)
     u = torch.rand(count, 2, generator=g, dtype=F64)
     m = 0.1 * max(width, height)
     x0, x1, y0, y1 = box or (-m, (0.3 * width if placement == "left" else width + m), -m, height + m)
@@ -71,6 +75,8 @@ def random_2d_scene(count, width, height, seed, placement, channels, footprint=(
     lo, hi = footprint
     std = lo * (hi / lo) ** torch.rand(count, generator=g, dtype=F64)
     s = std[:, None] * torch.exp(0.4 * torch.randn(count, 2, generator=g, dtype=F64))
+    if placement == "needles":
+        s = s * torch.tensor([8.0, 0.25], dtype=F64)
     angle = math.pi * torch.rand(count, generator=g, dtype=F64)
     c, sn = torch.cos(angle), torch.sin(angle)
     cxx = c * c * s[:, 0] ** 2 + sn * sn * s[:, 1] ** 2 + 0.3

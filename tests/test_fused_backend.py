@@ -8,11 +8,12 @@ CPU: also the rule that picks 8-pixel tiles for images with fewer 16-pixel tiles
 GPU: the kernels on random 2D splats against `torch_backend.composite` in float64, fed the very same float32
 numbers and the same tile lists, so only the compositing itself is compared, on 16- and 8-pixel tiles
 (TILE_SIZES: every comparison runs on both). Scenes of several sizes, image sizes that are not multiples of the
-tile, empty tiles, a single splat, tiles longer than the on-chip capacity (pruning off: chunked), and pruning on.
-Outputs are poisoned with NaN before each run. Checked: image and alpha within IMAGE_ATOL, every gradient within
-GRAD_RTOL norm-wise, no NaN, for the autograd path and for the fused loss path (L1 + L2 + D-SSIM) against torch
-autograd of the same loss. Then the whole backend against the gsplat backend (same projection, same tile side)
-and `fused_loss_step` against autograd through `rasterize(backend="fused")`.
+tile, empty tiles, a single splat, long thin splats of barely visible opacity, tiles longer than the on-chip
+capacity (pruning off: chunked), and pruning on. Outputs are poisoned with NaN before each run. Checked: image
+and alpha within IMAGE_ATOL, every gradient within GRAD_RTOL norm-wise, no NaN, for the autograd path and for the
+fused loss path (L1 + L2 + D-SSIM) against torch autograd of the same loss. Then the whole backend against the
+gsplat backend (same projection, same tile side) and `fused_loss_step` against autograd through
+`rasterize(backend="fused")`.
 
 Per-pixel cut-offs (alpha >= 1/255, transmittance > 1e-4) are discrete: float32 and float64 may decide a
 (pixel, splat) pair differently when it sits within rounding of a cut-off. Such pixels are found by rendering the
@@ -53,6 +54,7 @@ CASES = {
     "n20000-203x157": (20000, 203, 157, 4, "spread"),
     "n500-96x64-empty-tiles": (500, 96, 64, 5, "left"),
     "n1-17x33-single": (1, 17, 33, 6, "spread"),
+    "n3000-120x90-needles": (3000, 120, 90, 11, "needles"),
 }
 TILE_SIZES = [16, 8]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernels need a CUDA GPU")

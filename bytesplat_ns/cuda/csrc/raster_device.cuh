@@ -13,77 +13,141 @@ constexpr float kAlphaMax = 0.999f;         // alpha = min(kAlphaMax, opacity * 
 constexpr float kTransmitMin = 1e-4f;       // a pixel stops before the splat taking T to this or below
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Alpha that a splat offers the pixel centre (px, py); 0 when gsplat's rules skip it there.
-// dx, dy (centre minus pixel) and vis = exp(-sigma) are returned for the backward pass. The fast exp (__expf,
-// relative error ~1e-6 here) is gsplat's: it builds with --use_fast_math.
-__device__ __forceinline__ float splat_alpha(float2 xy, float3 con, float opac, float px, float py, float& dx,
-                                             float& dy, float& vis) {
-  dx = xy.x - px;
-  dy = xy.y - py;
-  const float sigma = 0.5f * (con.x * dx * dx + con.z * dy * dy) + con.y * dx * dy;
-  vis = __expf(-sigma);
-  const float alpha = fminf(kAlphaMax, opac * vis);
-  return (sigma < 0.f || alpha < kAlphaMin) ? 0.f : alpha;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2(e))
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
+
+// 2^x by the hardware's approximation with denormals flushed (ex2.approx.ftz, relative error ~2^-22): one
+// instruction, where exp2f / __expf without -ftz add a range check and a rescale for tiny results. A flushed
+// result is below 2^-126, far under the alpha cut-off, so no pixel's outcome changes.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
+
+// 1 / x by the hardware's approximation (rcp.approx.ftz): x is never denormal where it is used (1 - alpha >= 0.001).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// A cached splat's falloff in base 2: the splat offers a pixel at offset (dx, dy) from its centre
+// vis = exp(-sigma) = 2^power, power = qa dx^2 + qb dx dy + qc dy^2, where (qa, qb, qc) = -(a / 2, b, c / 2) log2(e)
+// for the conic [[a, b], [b, c]] (sigma = a dx^2 / 2 + b dx dy + c dy^2 / 2). Precomputed when the splat is cached.
+struct Falloff {
+  float qa, qb, qc;
+  __host__ __device__ static Falloff of_conic(float a, float b, float c) {
+    return {-0.5f * kLog2e * a, -kLog2e * b, -0.5f * kLog2e * c};
+  }
+};
+
+// Whether a splat counts for the pixel centre (px, py) by gsplat's rules (sigma >= 0, alpha >= 1/255), with its
+// alpha = min(kAlphaMax, opacity vis). dx, dy (centre minus pixel), t = qa dx + qb dy and vis = exp(-sigma) are
+// returned for the backward pass. `geo` = (x, y, qa, qb), `geo2` = (qc, opacity), as SplatCache keeps them.
+__device__ __forceinline__ bool splat_alpha(float4 geo, float2 geo2, float px, float py, float& dx, float& dy,
+                                            float& t, float& vis, float& alpha) {
+  dx = geo.x - px;
+  dy = geo.y - py;
+  t = fmaf(geo.z, dx, geo.w * dy);
+  const float power = fmaf(geo2.x * dy, dy, dx * t);  // -sigma log2(e)
+  vis = fast_exp2(power);
+  alpha = fminf(kAlphaMax, geo2.y * vis);
+  return power <= 0.f && alpha >= kAlphaMin;
+}
+
+// Half the height of the ellipse where a splat's alpha reaches kAlphaMin (sigma <= ln(opacity / kAlphaMin)), with
+// slack against rounding (1e-5 on that bound, then 1% + 0.05 px), plus `pad`; -1 for a splat under kAlphaMin
+// opacity (alpha <= opacity: it counts nowhere); +inf where the conic is not positive definite or a value is NaN
+// (never culled: the per-pixel rules decide). The determinant in double: ac - b^2 cancels for needle-like splats.
+__device__ __forceinline__ float reach_y(float a, float b, float c, float opacity, float pad) {
+  if (opacity < kAlphaMin) return -1.f;
+  const float det = static_cast<float>(static_cast<double>(a) * c - static_cast<double>(b) * b);
+  if (!(det > 0.f && a > 0.f)) return __int_as_float(0x7f800000);
+  const float sigma_max = logf(opacity / kAlphaMin) + 1e-5f;
+  return sqrtf(2.f * sigma_max * (a / det)) * 1.01f + 0.05f + pad;
+}
+
+// The rows of a tile that one warp covers: 32 / TILE full-width rows (2 of 16 pixels or 4 of 8).
+template <int TILE>
+struct WarpRows {
+  static constexpr int kRows = 32 / TILE;
+  static constexpr float kHalfSpan = 0.5f * (kRows - 1);  // from their middle to the outermost pixel centre
+
+  // The pixel-centre height halfway between this warp's first and last row of tile `tile`.
+  __device__ static float mid(int tile, int tiles_x) {
+    return static_cast<float>((tile / tiles_x) * TILE + (static_cast<int>(threadIdx.x) >> 5) * kRows) +
+           0.5f * kRows;
+  }
+};
 
 // Splats of one tile (or one chunk of it) in shared memory, structure of arrays.
 template <int CDIM>
 struct SplatCache {
-  static constexpr int kBytesPerSplat = 8 + 12 + 4 + 4 * CDIM + 4;  // xy, conic, opacity, colour, id
+  static constexpr int kBytesPerSplat = 16 + 8 + 4 + 4 * CDIM;  // geo, geo2, reach, colour
 
-  float2* xy;
-  float3* con;
-  float* opac;
-  float* col;  // [capacity, CDIM]
-  int32_t* ids;
+  float4* geo;   // (x, y, qa, qb): centre and falloff (Falloff)
+  float2* geo2;  // (qc, opacity)
+  float* reach;  // reach_y with pad WarpRows::kHalfSpan: a warp whose rows' middle is farther skips the splat
+  float* col;    // [capacity, CDIM]
 
   // Lays the arrays out from `base` (16-byte aligned) for `capacity` splats.
   __device__ static SplatCache carve(unsigned char* base, int capacity) {
     SplatCache c;
-    c.xy = reinterpret_cast<float2*>(base);
+    c.geo = reinterpret_cast<float4*>(base);
+    base += sizeof(float4) * capacity;
+    c.geo2 = reinterpret_cast<float2*>(base);
     base += sizeof(float2) * capacity;
-    c.con = reinterpret_cast<float3*>(base);
-    base += sizeof(float3) * capacity;
-    c.opac = reinterpret_cast<float*>(base);
+    c.reach = reinterpret_cast<float*>(base);
     base += sizeof(float) * capacity;
     c.col = reinterpret_cast<float*>(base);
-    base += sizeof(float) * CDIM * capacity;
-    c.ids = reinterpret_cast<int32_t*>(base);
     return c;
   }
 
-  // Cooperative load of entries [first, first + count) of the tile lists' id array into slots [at, at + count).
-  __device__ void load(const SplatInputs& s, const int32_t* list_ids, int first, int count, int at = 0) const {
+  // Cooperative load of entries [first, first + count) of the tile lists' id array into slots [at, at + count);
+  // `row_pad`: WarpRows<TILE>::kHalfSpan of the kernel's tile side.
+  __device__ void load(const SplatInputs& s, const int32_t* list_ids, int first, int count, float row_pad,
+                       int at = 0) const {
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
-      const int32_t id = list_ids[first + i];
-      const int64_t n = id;
+      const int64_t n = list_ids[first + i];
       const int k = at + i;
-      ids[k] = id;
-      xy[k] = make_float2(s.means2d[2 * n], s.means2d[2 * n + 1]);
-      con[k] = make_float3(s.conics[3 * n], s.conics[3 * n + 1], s.conics[3 * n + 2]);
-      opac[k] = s.opacities[n];
+      const float a = s.conics[3 * n], b = s.conics[3 * n + 1], c = s.conics[3 * n + 2], o = s.opacities[n];
+      const Falloff f = Falloff::of_conic(a, b, c);
+      geo[k] = make_float4(s.means2d[2 * n], s.means2d[2 * n + 1], f.qa, f.qb);
+      geo2[k] = make_float2(f.qc, o);
+      reach[k] = reach_y(a, b, c, o, row_pad);
 #pragma unroll
       for (int d = 0; d < CDIM; ++d) col[CDIM * k + d] = s.colors[CDIM * n + d];
     }
   }
 };
 
-enum class Step { kSkip, kUsed, kStop };
-
-// Front-to-back compositing of cached splat j into one pixel (transmittance T, colour C).
+// Front-to-back compositing of cached splats j0 .. j0 + n - 1 (n <= 32) into one pixel (transmittance T, colour
+// C), stopping before the splat that would take T to kTransmitMin or below (then `done` is set). Splats out of
+// reach of the warp's rows (middle y_mid, WarpRows::mid) are skipped by the whole warp at once. Returns a bit per
+// splat composited (bit t: splat j0 + t).
 template <int CDIM>
-__device__ __forceinline__ Step composite_one(const SplatCache<CDIM>& c, int j, float px, float py, float& T,
-                                              float (&C)[CDIM]) {
-  float dx, dy, vis;
-  const float alpha = splat_alpha(c.xy[j], c.con[j], c.opac[j], px, py, dx, dy, vis);
-  if (alpha == 0.f) return Step::kSkip;
-  const float next_T = T * (1.f - alpha);
-  if (next_T <= kTransmitMin) return Step::kStop;
-  const float w = alpha * T;
+__device__ __forceinline__ uint32_t composite_word(const SplatCache<CDIM>& c, int j0, int n, float px, float py,
+                                                   float y_mid, float& T, float (&C)[CDIM], bool& done) {
+  uint32_t used = 0u;
+  for (int t = 0; t < n; ++t) {
+    const int j = j0 + t;
+    const float4 geo = c.geo[j];
+    if (!(fabsf(geo.y - y_mid) <= c.reach[j])) continue;  // warp-uniform
+    float dx, dy, tq, vis, alpha;
+    if (!splat_alpha(geo, c.geo2[j], px, py, dx, dy, tq, vis, alpha)) continue;
+    const float next_T = T * (1.f - alpha);
+    if (next_T <= kTransmitMin) {
+      done = true;
+      break;
+    }
+    const float w = alpha * T;
 #pragma unroll
-  for (int d = 0; d < CDIM; ++d) C[d] += w * c.col[CDIM * j + d];
-  T = next_T;
-  return Step::kUsed;
+    for (int d = 0; d < CDIM; ++d) C[d] += w * c.col[CDIM * j + d];
+    T = next_T;
+    used |= 1u << t;
+  }
+  return used;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -92,38 +156,56 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One reduce-scatter step: lanes that differ in `bit` swap halves of a[0, 2N) and each keeps the sum of one half
-// in a[0, N) (the lane with `bit` set keeps the upper half).
-template <int N>
+// One reduce-scatter step over lane bit `bit` on a[0, M): lanes that differ in `bit` swap parts and each keeps the sum
+// of one part in a[0, H), H = ceil(M / 2): the lane with `bit` clear keeps a[0, H), the other a[H, M) (padded with a
+// zero where M is odd).
+template <int M>
 __device__ __forceinline__ void fold_halves(float* a, int lane, int bit) {
+  constexpr int H = (M + 1) / 2;
   const bool upper = (lane & bit) != 0;
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const float send = upper ? a[i] : a[i + N];
-    const float keep = upper ? a[i + N] : a[i];
+  for (int i = 0; i < H; ++i) {
+    const float hi = i + H < M ? a[i + H] : 0.f;
+    const float send = upper ? a[i] : hi;
+    const float keep = upper ? hi : a[i];
     a[i] = keep + __shfl_xor_sync(kFullMask, send, bit);
   }
 }
 
-// Sums each of K <= 16 values over the warp with 16 shuffles (K warp_sums take 5 K): a reduce-scatter over lane
-// bits 16, 8, 4, 2, then one exchange over bit 1. Returns the warp's sum of value scattered_index(lane), the same
-// on lanes l and l ^ 1; lanes whose index is >= K return 0.
+// Sums each of K <= 16 values over the warp by a reduce-scatter over lane bits 16, 8, 4, 2 (parts of ceil(K / 2),
+// then half of that, ...: 13 shuffles for K = 11 or 12, where K warp_sums take 5 K), then one exchange over bit 1.
+// Returns the warp's sum of value scattered_index<K>(lane), the same on lanes l and l ^ 1 (unused where it is -1).
 template <int K>
 __device__ __forceinline__ float warp_sum_scattered(const float (&v)[K], int lane) {
-  static_assert(K <= 16, "at most 16 values");
-  float a[16];
+  static_assert(K >= 1 && K <= 16, "four halvings leave one value for at most 16");
+  constexpr int M1 = (K + 1) / 2, M2 = (M1 + 1) / 2, M3 = (M2 + 1) / 2;
+  float a[K];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) a[i] = i < K ? v[i] : 0.f;
-  fold_halves<8>(a, lane, 16);
-  fold_halves<4>(a, lane, 8);
-  fold_halves<2>(a, lane, 4);
-  fold_halves<1>(a, lane, 2);
+  for (int i = 0; i < K; ++i) a[i] = v[i];
+  fold_halves<K>(a, lane, 16);
+  fold_halves<M1>(a, lane, 8);
+  fold_halves<M2>(a, lane, 4);
+  fold_halves<M3>(a, lane, 2);
   return a[0] + __shfl_xor_sync(kFullMask, a[0], 1);
 }
 
-// Which value warp_sum_scattered leaves on `lane`: lane bits 16, 8, 4, 2 select halves of 8, 4, 2, 1.
+// Which of the K values warp_sum_scattered leaves on `lane`, or -1 for a padding slot: the parts each halving keeps,
+// followed through lane bits 16, 8, 4, 2.
+template <int K>
 __device__ __forceinline__ int scattered_index(int lane) {
-  return ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
+  int lo = 0, size = K, m = K;  // this lane's part: values lo .. lo + size - 1 in a window of m slots
+#pragma unroll
+  for (int bit = 16; bit >= 2; bit >>= 1) {
+    const int h = (m + 1) / 2;
+    if (lane & bit) {
+      lo += h;
+      size = max(0, size - h);
+    } else {
+      size = min(size, h);
+    }
+    m = h;
+  }
+  return size > 0 ? lo : -1;
 }
 
 __device__ __forceinline__ int warp_max(int v) {

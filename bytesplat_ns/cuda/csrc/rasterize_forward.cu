@@ -17,6 +17,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
   const PixelCoord<TILE> pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
+  const float y_mid = WarpRows<TILE>::mid(tile, p.tiles.tiles_x);
   const int first = p.tiles.start[tile];
   const int count = p.tiles.end[tile] - first;
 
@@ -29,11 +30,9 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
     // Also the barrier before the cache is overwritten.
     if (__syncthreads_count(done) == kBlock) break;
     const int len = min(kBlock, count - off);
-    cache.load(p.splats, p.tiles.ids, first + off, len);
+    cache.load(p.splats, p.tiles.ids, first + off, len, WarpRows<TILE>::kHalfSpan);
     __syncthreads();
-    for (int j = 0; j < len && !done; ++j) {
-      done = composite_one<CDIM>(cache, j, px, py, T, C) == Step::kStop;
-    }
+    for (int j = 0; j < len && !done; j += 32) composite_word<CDIM>(cache, j, min(32, len - j), px, py, y_mid, T, C, done);
   }
   if (!pix.inside) return;
 #pragma unroll

@@ -4,23 +4,25 @@
 //  1. Forward: the tile's depth-ordered splats are loaded into shared memory (one chunk of up to `capacity`
 //     splats; longer lists, possible only with pruning off, go in several chunks), kBlock at a time, and
 //     composited front to back with gsplat's cut-offs; loading stops once every pixel of the tile is saturated.
-//     Each thread keeps T_final, its last contributing index and its colour in registers; each warp records in
-//     shared memory which cached splats contributed to any of its 32 pixels (one bit per splat).
+//     Each thread keeps T_final, its last contributing index and its colour in registers. A warp walks the cached
+//     splats a word of 32 at a time; each lane sets a bit per splat it used and one OR-reduction per word leaves
+//     in shared memory which splats contributed to any of the warp's 32 pixels.
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
 //  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
-//     transmittance as T / (1 - alpha). A warp skips the splats its bits say none of its pixels used (in the
-//     chunk still resident; a reloaded chunk is walked in full). Per-splat gradients are summed over a warp
-//     with shuffles (a reduce-scatter: 16 shuffles for all quantities, each lane pair ends with one sum),
-//     written per warp to shared memory for batches of kRedBatch splats, summed over the warps and added to
-//     device memory with one atomicAdd per splat and quantity: at most one global update per splat per tile.
+//     transmittance as T / (1 - alpha), a word of 32 splats at a time. A warp visits only the splats its bits say
+//     its pixels used (jumping from set bit to set bit; a reloaded chunk is walked in full) and the block skips
+//     words no warp used. Per-splat gradients are summed over a warp with shuffles (a reduce-scatter: 13 shuffles
+//     for all quantities, each lane pair ends with one sum), written per warp to shared memory for the word,
+//     summed over the warps that visited the splat and added to device memory with one atomicAdd per splat and
+//     quantity: at most one global update per splat per tile.
 #include "raster_device.cuh"
 #include "rasterize_fused.h"
 
 namespace bytesplat {
 namespace {
 
-constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together
+constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together: one word
 constexpr int kMiscBytes = 64;
 
 // Register budget: the launch bounds ask for kThreadsPerSm threads resident per SM, which caps registers at
@@ -115,11 +117,13 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   const int tile = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  uint32_t* used_bits =  // this warp's contribution bits
-      reinterpret_cast<uint32_t*>(smem + bits_offset<TILE, CDIM>(p.capacity)) + warp * mask_words(p.capacity);
+  const int words = mask_words(p.capacity);
+  uint32_t* all_bits = reinterpret_cast<uint32_t*>(smem + bits_offset<TILE, CDIM>(p.capacity));  // [kWarps][words]
+  uint32_t* used_bits = all_bits + warp * words;  // this warp's contribution bits
   const PixelCoord<TILE> pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
+  const float y_mid = WarpRows<TILE>::mid(tile, p.tiles.tiles_x);
   const int first = p.tiles.start[tile];
   const int count = p.tiles.end[tile] - first;
   const int cap = p.capacity;
@@ -144,30 +148,21 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
         block_done = true;
         break;
       }
+      if (b == 0) {  // this chunk's bits start clear: words the warp never walks stay 0 (the barrier below orders it)
+        for (int i = lane; i < words; i += 32) used_bits[i] = 0u;
+      }
       const int nb = min(kBlock, len - b);
-      cache.load(p.splats, p.tiles.ids, first + off + b, nb, b);
+      cache.load(p.splats, p.tiles.ids, first + off + b, nb, WarpRows<TILE>::kHalfSpan, b);
       resident = k;
       __syncthreads();
-      // The warp walks the batch together (so that it can vote), a word of 32 splats at a time, until its pixels
-      // are all saturated; bit j of used_bits: splat j contributed to a pixel of this warp. Words past the walk
-      // stay unwritten: no pixel of the warp uses a splat there, and the backward skips it by `last` alone.
-      uint32_t word = 0;
-      for (int j = b; j < b + nb; ++j) {
-        if ((j & 31) == 0 && __all_sync(kFullMask, done)) break;
-        bool used = false;
-        if (!done) {
-          const Step s = composite_one<CDIM>(cache, j, px, py, T, C);
-          if (s == Step::kStop) done = true;
-          if (s == Step::kUsed) {
-            last = off + j;
-            used = true;
-          }
-        }
-        if (__any_sync(kFullMask, used)) word |= 1u << (j & 31);
-        if ((j & 31) == 31 || j == b + nb - 1) {
-          if (lane == 0) used_bits[j >> 5] = word;
-          word = 0;
-        }
+      // A word of 32 splats at a time, until the warp's pixels are all saturated; the word's bits: the splats any
+      // pixel of the warp composited.
+      for (int w0 = b; w0 < b + nb; w0 += 32) {
+        if (__all_sync(kFullMask, done)) break;
+        const uint32_t mine = done ? 0u : composite_word<CDIM>(cache, w0, min(32, b + nb - w0), px, py, y_mid, T, C, done);
+        if (mine != 0u) last = off + w0 + 31 - __clz(mine);
+        const uint32_t word = __reduce_or_sync(kFullMask, mine);
+        if (lane == 0) used_bits[w0 >> 5] = word;
       }
     }
   }
@@ -215,7 +210,8 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   }
   if (block_last < 0) return;  // block-uniform: no pixel of the tile used a splat
 
-  // 3. Backward, back to front.
+  // 3. Backward, back to front, a word of 32 cached splats at a time.
+  const int q_lane = scattered_index<kQ>(lane);  // the quantity whose warp sum this lane gets (-1: none)
   const float T_final = T;
   float acc[CDIM];  // sum of weight * colour over the splats behind the current one
 #pragma unroll
@@ -226,70 +222,84 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
     const int len = min(cap, count - off);
     if (k != resident) {
       __syncthreads();
-      cache.load(p.splats, p.tiles.ids, first + off, len);
+      cache.load(p.splats, p.tiles.ids, first + off, len, WarpRows<TILE>::kHalfSpan);
       resident = k;
-      bits_valid = false;  // the forward's bits were for another chunk
+      bits_valid = false;  // the forward's bits were for another chunk: walk every splat
       __syncthreads();
     }
-    for (int hi = min(block_last - off, len - 1); hi >= 0; hi -= kRedBatch) {
-      const int nb = min(kRedBatch, hi + 1);
-      for (int s = 0; s < nb; ++s) {
-        const int j = hi - s;
-        float g[kQ];
+    const int top = min(block_last - off, len - 1);  // the last cached splat any pixel used
+    for (int wi = top >> 5; wi >= 0; --wi) {
+      const int base = wi << 5;
+      const int span = min(31, top - base);  // this word holds splats base .. base + span
+      // The splats each warp visits (bits_valid: those it used; block-uniform `any`: those any warp used).
+      const uint32_t range = span == 31 ? kFullMask : (2u << span) - 1u;
+      uint32_t any = range;
+      if (bits_valid) {
+        any = 0u;
 #pragma unroll
-        for (int q = 0; q < kQ; ++q) g[q] = 0.f;
-        bool active = false;
-        const bool warp_used = !bits_valid || ((used_bits[j >> 5] >> (j & 31)) & 1u);  // warp-uniform
-        if (warp_used && off + j <= last) {
-          float dx, dy, vis;
-          const float opac = cache.opac[j];
-          const float3 con = cache.con[j];
-          const float alpha = splat_alpha(cache.xy[j], con, opac, px, py, dx, dy, vis);
-          if (alpha > 0.f) {
-            active = true;
-            const float ra = __fdividef(1.f, 1.f - alpha);  // fast reciprocal, as gsplat's fast math
-            T *= ra;  // transmittance in front of splat j
-            const float fac = alpha * T;
-            float v_alpha = 0.f;
+        for (int w = 0; w < kWarps; ++w) any |= all_bits[w * words + wi];
+        if (any == 0u) continue;  // block-uniform: no pixel used a splat of this word
+      }
+      uint32_t todo = bits_valid ? used_bits[wi] : range;  // warp-uniform
+      while (todo != 0u) {
+        const int t = 31 - __clz(todo);  // back to front
+        todo ^= 1u << t;
+        const int j = base + t;
+        // Inactive lanes keep fac = v_sigma = v_opacity = 0, which zeroes all their quantities below.
+        float dx, dy, tq, vis, alpha, fac = 0.f, v_sigma = 0.f, v_opacity = 0.f;
+        const float4 geo = cache.geo[j];
+        const float2 geo2 = cache.geo2[j];
+        const bool counts = splat_alpha(geo, geo2, px, py, dx, dy, tq, vis, alpha);
+        const bool active = counts && off + j <= last;
+        if (active) {
+          const float ra = fast_rcp(1.f - alpha);
+          T *= ra;  // transmittance in front of splat j
+          fac = alpha * T;
+          float v_alpha = T_final * ra * vA;
 #pragma unroll
-            for (int d = 0; d < CDIM; ++d) {
-              const float c = cache.col[CDIM * j + d];
-              g[S::kColor + d] = fac * vC[d];
-              v_alpha += (c * T - acc[d] * ra) * vC[d];
-              acc[d] += fac * c;
-            }
-            v_alpha += T_final * ra * vA;
-            const float raw = opac * vis;
-            if (raw <= kAlphaMax) {  // min(kAlphaMax, raw) passes the gradient only below the clamp
-              const float v_sigma = -raw * v_alpha;
-              g[S::kConic] = 0.5f * v_sigma * dx * dx;
-              g[S::kConic + 1] = v_sigma * dx * dy;
-              g[S::kConic + 2] = 0.5f * v_sigma * dy * dy;
-              const float gx = v_sigma * (con.x * dx + con.y * dy);
-              const float gy = v_sigma * (con.y * dx + con.z * dy);
-              g[S::kMean] = gx;
-              g[S::kMean + 1] = gy;
-              g[S::kAbs] = fabsf(gx);
-              g[S::kAbs + 1] = fabsf(gy);
-              g[S::kOpacity] = vis * v_alpha;
-            }
+          for (int d = 0; d < CDIM; ++d) {
+            const float c = cache.col[CDIM * j + d];
+            v_alpha += (c * T - acc[d] * ra) * vC[d];
+            acc[d] += fac * c;
+          }
+          const float raw = geo2.y * vis;
+          if (raw <= kAlphaMax) {  // min(kAlphaMax, raw) passes the gradient only below the clamp
+            v_sigma = -raw * v_alpha;
+            v_opacity = vis * v_alpha;
           }
         }
+        float g[kQ];
+#pragma unroll
+        for (int d = 0; d < CDIM; ++d) g[S::kColor + d] = fac * vC[d];
+        g[S::kConic] = 0.5f * v_sigma * dx * dx;
+        g[S::kConic + 1] = v_sigma * dx * dy;
+        g[S::kConic + 2] = 0.5f * v_sigma * dy * dy;
+        // d sigma / d mean = (a dx + b dy, b dx + c dy) = -ln2 (2 qa dx + qb dy, qb dx + 2 qc dy)
+        const float w = -kLn2 * v_sigma;
+        g[S::kMean] = w * fmaf(geo.z, dx, tq);
+        g[S::kMean + 1] = w * fmaf(2.f * geo2.x, dy, geo.w * dx);
+        g[S::kAbs] = fabsf(g[S::kMean]);
+        g[S::kAbs + 1] = fabsf(g[S::kMean + 1]);
+        g[S::kOpacity] = v_opacity;
         // The warp's sum of each quantity, one quantity per lane pair, into this warp's slot.
         const float sum = __any_sync(kFullMask, active) ? warp_sum_scattered<kQ>(g, lane) : 0.f;
-        const int q = scattered_index(lane);
-        if ((lane & 1) == 0 && q < kQ) red[(warp * kRedBatch + s) * kQ + q] = sum;
+        if ((lane & 1) == 0 && q_lane >= 0) red[(warp * kRedBatch + t) * kQ + q_lane] = sum;
       }
       __syncthreads();
-      for (int e = static_cast<int>(threadIdx.x); e < nb * kQ; e += kBlock) {
-        const int s = e / kQ;
-        const int q = e - s * kQ;
+      // Each splat's sum over the warps that visited it, one atomicAdd per splat and quantity.
+      for (int e = static_cast<int>(threadIdx.x); e < (span + 1) * kQ; e += kBlock) {
+        const int t = e / kQ;
+        const int q = e - t * kQ;
+        if (((any >> t) & 1u) == 0u) continue;
         float sum = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) sum += red[(w * kRedBatch + s) * kQ + q];
-        if (sum != 0.f) accumulate<CDIM>(p.grads, cache.ids[hi - s], q, sum);
+        for (int w = 0; w < kWarps; ++w) {
+          const uint32_t visited = bits_valid ? all_bits[w * words + wi] : kFullMask;
+          if ((visited >> t) & 1u) sum += red[(w * kRedBatch + t) * kQ + q];
+        }
+        if (sum != 0.f) accumulate<CDIM>(p.grads, p.tiles.ids[first + off + base + t], q, sum);
       }
-      __syncthreads();  // before the next batch overwrites red
+      __syncthreads();  // before the next word overwrites red
     }
   }
 }
