@@ -56,39 +56,50 @@ __device__ __forceinline__ bool splat_alpha(float4 geo, float2 geo2, float px, f
   return power <= 0.f && alpha >= kAlphaMin;
 }
 
-// Half the height of the ellipse where a splat's alpha reaches kAlphaMin (sigma <= ln(opacity / kAlphaMin)), with
-// slack against rounding (1e-5 on that bound, then 1% + 0.05 px), plus `pad`; -1 for a splat under kAlphaMin
-// opacity (alpha <= opacity: it counts nowhere); +inf where the conic is not positive definite or a value is NaN
-// (never culled: the per-pixel rules decide). The determinant in double: ac - b^2 cancels for needle-like splats.
-__device__ __forceinline__ float reach_y(float a, float b, float c, float opacity, float pad) {
-  if (opacity < kAlphaMin) return -1.f;
-  const float det = static_cast<float>(static_cast<double>(a) * c - static_cast<double>(b) * b);
-  if (!(det > 0.f && a > 0.f)) return __int_as_float(0x7f800000);
-  const float sigma_max = logf(opacity / kAlphaMin) + 1e-5f;
-  return sqrtf(2.f * sigma_max * (a / det)) * 1.01f + 0.05f + pad;
-}
-
-// The rows of a tile that one warp covers: 32 / TILE full-width rows (2 of 16 pixels or 4 of 8).
+// The pixels of a tile that one warp covers: 32 / TILE full-width rows (2 of 16 pixels or 4 of 8), as pixel centres.
 template <int TILE>
-struct WarpRows {
+struct WarpRect {
   static constexpr int kRows = 32 / TILE;
-  static constexpr float kHalfSpan = 0.5f * (kRows - 1);  // from their middle to the outermost pixel centre
+  float x_lo, x_hi;  // first and last column
+  float y0;          // first row (the others follow 1 apart)
 
-  // The pixel-centre height halfway between this warp's first and last row of tile `tile`.
-  __device__ static float mid(int tile, int tiles_x) {
-    return static_cast<float>((tile / tiles_x) * TILE + (static_cast<int>(threadIdx.x) >> 5) * kRows) +
-           0.5f * kRows;
+  __device__ WarpRect(int tile, int tiles_x) {
+    x_lo = static_cast<float>((tile % tiles_x) * TILE) + 0.5f;
+    x_hi = x_lo + static_cast<float>(TILE - 1);
+    y0 = static_cast<float>((tile / tiles_x) * TILE + (static_cast<int>(threadIdx.x) >> 5) * kRows) + 0.5f;
+  }
+
+  // Whether a splat (geo, geo2 as SplatCache keeps them) may reach alpha >= kAlphaMin somewhere on these rows: its
+  // largest power over each row's segment (concave in dx where qa < 0: the vertex, clamped to the segment), with
+  // slack for rounding: 1e-3 plus 1e-6 of the largest size the power's terms take on the row, where the per-pixel
+  // evaluation and this one each err by under 3e-7 of it. A splat with qa >= 0 is never ruled out.
+  __device__ bool may_reach(float4 geo, float2 geo2) const {
+    if (!(geo.z < 0.f)) return true;
+    const float k = -0.5f * geo.w * fast_rcp(geo.z);  // the power's vertex in dx for a row at offset dy: k dy
+    const float dx_min = geo.x - x_hi, dx_max = geo.x - x_lo;
+    const float dx_far = fmaxf(fabsf(dx_min), fabsf(dx_max));
+    const float size_a = -geo.z * dx_far * dx_far, size_b = fabsf(geo.w) * dx_far;  // |qa| dx^2, |qb dx| bounds
+    float best = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float dy = geo.y - (y0 + static_cast<float>(r));
+      const float dx = fminf(fmaxf(k * dy, dx_min), dx_max);
+      const float power = fmaf(fmaf(geo.z, dx, geo.w * dy), dx, geo2.x * dy * dy);
+      const float size = fmaf(size_b, fabsf(dy), fmaf(fabsf(geo2.x) * dy, dy, size_a));
+      best = fmaxf(best, fmaf(1e-6f, size, power));
+    }
+    return geo2.y * fast_exp2(best + 1e-3f) >= kAlphaMin;
   }
 };
 
-// Splats of one tile (or one chunk of it) in shared memory, structure of arrays.
+// Splats of one tile (or one chunk of it) in shared memory, structure of arrays. The tile list's ids stay in device
+// memory: only the backward's final atomicAdds need them.
 template <int CDIM>
 struct SplatCache {
-  static constexpr int kBytesPerSplat = 16 + 8 + 4 + 4 * CDIM;  // geo, geo2, reach, colour
+  static constexpr int kBytesPerSplat = 16 + 8 + 4 * CDIM;  // geo, geo2, colour
 
   float4* geo;   // (x, y, qa, qb): centre and falloff (Falloff)
   float2* geo2;  // (qc, opacity)
-  float* reach;  // reach_y with pad WarpRows::kHalfSpan: a warp whose rows' middle is farther skips the splat
   float* col;    // [capacity, CDIM]
 
   // Lays the arrays out from `base` (16-byte aligned) for `capacity` splats.
@@ -98,44 +109,46 @@ struct SplatCache {
     base += sizeof(float4) * capacity;
     c.geo2 = reinterpret_cast<float2*>(base);
     base += sizeof(float2) * capacity;
-    c.reach = reinterpret_cast<float*>(base);
-    base += sizeof(float) * capacity;
     c.col = reinterpret_cast<float*>(base);
     return c;
   }
 
-  // Cooperative load of entries [first, first + count) of the tile lists' id array into slots [at, at + count);
-  // `row_pad`: WarpRows<TILE>::kHalfSpan of the kernel's tile side.
-  __device__ void load(const SplatInputs& s, const int32_t* list_ids, int first, int count, float row_pad,
-                       int at = 0) const {
+  // Cooperative load of entries [first, first + count) of the tile lists' id array into slots [at, at + count).
+  __device__ void load(const SplatInputs& s, const int32_t* list_ids, int first, int count, int at = 0) const {
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
       const int64_t n = list_ids[first + i];
       const int k = at + i;
-      const float a = s.conics[3 * n], b = s.conics[3 * n + 1], c = s.conics[3 * n + 2], o = s.opacities[n];
-      const Falloff f = Falloff::of_conic(a, b, c);
+      const Falloff f = Falloff::of_conic(s.conics[3 * n], s.conics[3 * n + 1], s.conics[3 * n + 2]);
       geo[k] = make_float4(s.means2d[2 * n], s.means2d[2 * n + 1], f.qa, f.qb);
-      geo2[k] = make_float2(f.qc, o);
-      reach[k] = reach_y(a, b, c, o, row_pad);
+      geo2[k] = make_float2(f.qc, s.opacities[n]);
 #pragma unroll
       for (int d = 0; d < CDIM; ++d) col[CDIM * k + d] = s.colors[CDIM * n + d];
     }
   }
 };
 
-// Front-to-back compositing of cached splats j0 .. j0 + n - 1 (n <= 32) into one pixel (transmittance T, colour
-// C), stopping before the splat that would take T to kTransmitMin or below (then `done` is set). Splats out of
-// reach of the warp's rows (middle y_mid, WarpRows::mid) are skipped by the whole warp at once. Returns a bit per
-// splat composited (bit t: splat j0 + t).
+// Of cached slots j0 .. j0 + n - 1 (n <= 32), the splats that may count on some pixel of the warp's rows: bit t for
+// slot j0 + t, each lane testing one splat. Call with the whole warp.
+template <int TILE, int CDIM>
+__device__ __forceinline__ uint32_t warp_candidates(const SplatCache<CDIM>& c, int j0, int n, const WarpRect<TILE>& r) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bool maybe = lane < n && r.may_reach(c.geo[j0 + lane], c.geo2[j0 + lane]);
+  return __ballot_sync(kFullMask, maybe);
+}
+
+// Front-to-back compositing into one pixel (transmittance T, colour C) of the cached splats j0 + t for the set bits t
+// of `todo`, stopping before the splat that would take T to kTransmitMin or below (then `done` is set). Returns a
+// bit per splat composited.
 template <int CDIM>
-__device__ __forceinline__ uint32_t composite_word(const SplatCache<CDIM>& c, int j0, int n, float px, float py,
-                                                   float y_mid, float& T, float (&C)[CDIM], bool& done) {
+__device__ __forceinline__ uint32_t composite_bits(const SplatCache<CDIM>& c, int j0, uint32_t todo, float px,
+                                                   float py, float& T, float (&C)[CDIM], bool& done) {
   uint32_t used = 0u;
-  for (int t = 0; t < n; ++t) {
+  while (todo != 0u) {
+    const int t = __ffs(todo) - 1;  // front to back
+    todo &= todo - 1u;
     const int j = j0 + t;
-    const float4 geo = c.geo[j];
-    if (!(fabsf(geo.y - y_mid) <= c.reach[j])) continue;  // warp-uniform
     float dx, dy, tq, vis, alpha;
-    if (!splat_alpha(geo, c.geo2[j], px, py, dx, dy, tq, vis, alpha)) continue;
+    if (!splat_alpha(c.geo[j], c.geo2[j], px, py, dx, dy, tq, vis, alpha)) continue;
     const float next_T = T * (1.f - alpha);
     if (next_T <= kTransmitMin) {
       done = true;

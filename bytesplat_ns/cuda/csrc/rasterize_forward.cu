@@ -1,6 +1,6 @@
 // Forward kernel: one block per tile, one thread per pixel; the tile's splats pass through shared memory in
-// batches of kBlock, front to back, with gsplat's cut-offs (raster_device.cuh). Instantiated for 16- and 8-pixel
-// tiles (raster_types.h).
+// batches of kBlock, front to back, with gsplat's cut-offs (raster_device.cuh); each warp composites, a word of 32
+// at a time, only the splats that can reach its rows. Instantiated for 16- and 8-pixel tiles (raster_types.h).
 #include "raster_device.cuh"
 #include "rasterize_forward.h"
 
@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
   const PixelCoord<TILE> pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
-  const float y_mid = WarpRows<TILE>::mid(tile, p.tiles.tiles_x);
+  const WarpRect<TILE> rect(tile, p.tiles.tiles_x);
   const int first = p.tiles.start[tile];
   const int count = p.tiles.end[tile] - first;
 
@@ -30,9 +30,13 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
     // Also the barrier before the cache is overwritten.
     if (__syncthreads_count(done) == kBlock) break;
     const int len = min(kBlock, count - off);
-    cache.load(p.splats, p.tiles.ids, first + off, len, WarpRows<TILE>::kHalfSpan);
+    cache.load(p.splats, p.tiles.ids, first + off, len);
     __syncthreads();
-    for (int j = 0; j < len && !done; j += 32) composite_word<CDIM>(cache, j, min(32, len - j), px, py, y_mid, T, C, done);
+    for (int j = 0; j < len; j += 32) {  // a word of 32 splats at a time, the warp together (it votes)
+      if (__all_sync(kFullMask, done)) break;
+      const uint32_t todo = warp_candidates<TILE, CDIM>(cache, j, min(32, len - j), rect);
+      if (!done) composite_bits<CDIM>(cache, j, todo, px, py, T, C, done);
+    }
   }
   if (!pix.inside) return;
 #pragma unroll

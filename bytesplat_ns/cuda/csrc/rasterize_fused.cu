@@ -5,8 +5,9 @@
 //     splats; longer lists, possible only with pruning off, go in several chunks), kBlock at a time, and
 //     composited front to back with gsplat's cut-offs; loading stops once every pixel of the tile is saturated.
 //     Each thread keeps T_final, its last contributing index and its colour in registers. A warp walks the cached
-//     splats a word of 32 at a time; each lane sets a bit per splat it used and one OR-reduction per word leaves
-//     in shared memory which splats contributed to any of the warp's 32 pixels.
+//     splats a word of 32 at a time: a ballot first keeps the splats that can reach alpha >= 1/255 on its rows
+//     (each lane tests one, WarpRect::may_reach), the lanes composite only those, each setting a bit per splat it
+//     used, and one OR-reduction per word leaves in shared memory which splats contributed to any of its pixels.
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
 //  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   const PixelCoord<TILE> pix(tile, p.tiles.tiles_x, p.width, p.height);
   const float px = static_cast<float>(pix.x) + 0.5f;
   const float py = static_cast<float>(pix.y) + 0.5f;
-  const float y_mid = WarpRows<TILE>::mid(tile, p.tiles.tiles_x);
+  const WarpRect<TILE> rect(tile, p.tiles.tiles_x);
   const int first = p.tiles.start[tile];
   const int count = p.tiles.end[tile] - first;
   const int cap = p.capacity;
@@ -152,14 +153,15 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
         for (int i = lane; i < words; i += 32) used_bits[i] = 0u;
       }
       const int nb = min(kBlock, len - b);
-      cache.load(p.splats, p.tiles.ids, first + off + b, nb, WarpRows<TILE>::kHalfSpan, b);
+      cache.load(p.splats, p.tiles.ids, first + off + b, nb, b);
       resident = k;
       __syncthreads();
       // A word of 32 splats at a time, until the warp's pixels are all saturated; the word's bits: the splats any
       // pixel of the warp composited.
       for (int w0 = b; w0 < b + nb; w0 += 32) {
         if (__all_sync(kFullMask, done)) break;
-        const uint32_t mine = done ? 0u : composite_word<CDIM>(cache, w0, min(32, b + nb - w0), px, py, y_mid, T, C, done);
+        const uint32_t todo = warp_candidates<TILE, CDIM>(cache, w0, min(32, b + nb - w0), rect);
+        const uint32_t mine = done ? 0u : composite_bits<CDIM>(cache, w0, todo, px, py, T, C, done);
         if (mine != 0u) last = off + w0 + 31 - __clz(mine);
         const uint32_t word = __reduce_or_sync(kFullMask, mine);
         if (lane == 0) used_bits[w0 >> 5] = word;
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
     const int len = min(cap, count - off);
     if (k != resident) {
       __syncthreads();
-      cache.load(p.splats, p.tiles.ids, first + off, len, WarpRows<TILE>::kHalfSpan);
+      cache.load(p.splats, p.tiles.ids, first + off, len);
       resident = k;
       bits_valid = false;  // the forward's bits were for another chunk: walk every splat
       __syncthreads();
