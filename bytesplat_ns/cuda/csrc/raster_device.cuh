@@ -1,5 +1,6 @@
-// Device helpers shared by the rasterization kernels: gsplat's per-pixel alpha rules, the on-chip splat
-// cache and warp reductions. Plain CUDA (no torch headers).
+// Device helpers shared by the rasterization kernels: gsplat's per-pixel alpha rules (evaluated in base 2), the test
+// of which splats can reach a warp's rows, the on-chip splat cache, compositing and warp reductions. Plain CUDA (no
+// torch headers).
 #pragma once
 
 #include <cuda_runtime.h>
