@@ -13,8 +13,10 @@ rasterization with an L1 loss against a random target, each variant timed with C
                   training, fused pass)
 plus tile binning's pruning (capacity, entries pruned). Every variant runs on the same tile lists (our binning), on
 tiles of the renderer's side for the image size (ops.tile_size_for: 16 pixels for these scenes) or --tile-size's.
---ncu reruns each variant under Nsight Compute (--clock-control none) and sums dram__bytes_read.sum +
-dram__bytes_write.sum over the step's kernels.
+--ncu reruns each variant under Nsight Compute (--clock-control none) for one step: dram__bytes_read.sum +
+dram__bytes_write.sum over all of the step's kernels, and gpu__time_duration.sum of its rasterization kernels alone
+(RASTER_KERNELS: gsplat's forward and backward, our fused or forward and backward kernels), without the launches,
+loss kernels and host time the CUDA-event timings include.
 Writes --json (benchmarks/results/fused_kernel.json) and prints a table.
 """
 
@@ -44,8 +46,10 @@ from bytesplat_ns.ssim import SSIMTerm  # noqa: E402
 
 VARIANTS = ("gsplat", "fused_autograd", "fused_l1", "fused_l1_pruned", "fused_ssim")
 SCENES = {"lego": (300_000, 800, 800), "wide": (2_200_000, 1920, 1080)}
-METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-NCU_VARIANTS = ("gsplat", "fused_autograd", "fused_l1")
+DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+TIME_METRIC = "gpu__time_duration.sum"
+RASTER_KERNELS = ("rasterize_to_pixels", "fused_kernel", "forward_kernel")  # substrings of the kernels' names
+NCU_VARIANTS = ("gsplat", "fused_autograd", "fused_l1", "fused_l1_pruned")
 
 
 def synthetic(name: str, seed: int = 0) -> tuple[Splats, RasterCamera]:
@@ -176,8 +180,11 @@ def errors(bench: Bench) -> dict:
     return out
 
 
-def ncu_bytes(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | None) -> float | None:
-    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv",
+def ncu_step(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | None) -> dict | None:
+    """One step of `variant` under Nsight Compute: {"dram_bytes": read + written by all its kernels,
+    "raster_kernel_ms": GPU time of its rasterization kernels}, or None when ncu gave nothing."""
+    metrics = ",".join((*DRAM_METRICS, TIME_METRIC))
+    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--metrics", metrics, "--csv",
            "--print-units", "base", sys.executable, __file__, "--ncu-child", scene, variant]  # fmt: skip
     if tile_size is not None:
         cmd += ["--tile-size", str(tile_size)]
@@ -193,8 +200,18 @@ def ncu_bytes(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | 
         print(f"ncu {scene}/{variant}: no metrics (rc {result.returncode}): {result.stderr[-400:]}", flush=True)
         return None
     header = rows[0]
-    name_col, value_col = header.index("Metric Name"), header.index("Metric Value")
-    return sum(float(r[value_col].replace(",", "")) for r in rows[1:] if r[name_col] in METRICS)
+    kernel_col, name_col = header.index("Kernel Name"), header.index("Metric Name")
+    value_col = header.index("Metric Value")
+    value = lambda r: float(r[value_col].replace(",", ""))  # noqa: E731
+    raster_ns = sum(
+        value(r)
+        for r in rows[1:]
+        if r[name_col] == TIME_METRIC and any(k in r[kernel_col] for k in RASTER_KERNELS)
+    )  # fmt: skip
+    return {
+        "dram_bytes": sum(value(r) for r in rows[1:] if r[name_col] in DRAM_METRICS),
+        "raster_kernel_ms": raster_ns / 1e6,  # --print-units base: nanoseconds
+    }
 
 
 def scene_for(name: str, lego_ckpt: str | None) -> tuple[Splats, RasterCamera]:
@@ -253,7 +270,9 @@ def main() -> None:
             }
         row.update(errors(bench))
         if args.ncu:
-            row["dram_bytes"] = {v: ncu_bytes(name, v, args.lego_ckpt, args.tile_size) for v in NCU_VARIANTS}
+            profiled = {v: ncu_step(name, v, args.lego_ckpt, args.tile_size) for v in NCU_VARIANTS}
+            for key in ("dram_bytes", "raster_kernel_ms"):
+                row[key] = {v: (p or {}).get(key) for v, p in profiled.items()}
         results["scenes"][name] = row
         print(f"{name}: {json.dumps(row)}", flush=True)
         del bench
@@ -270,6 +289,11 @@ def main() -> None:
         for n, r in results["scenes"].items()
         if r.get("dram_bytes") and r["dram_bytes"]["fused_l1"] and r["dram_bytes"]["gsplat"]
     } or None
+    results["kernel_speedup_vs_gsplat"] = {
+        n: r["raster_kernel_ms"]["gsplat"] / r["raster_kernel_ms"]["fused_l1"]
+        for n, r in results["scenes"].items()
+        if r.get("raster_kernel_ms") and r["raster_kernel_ms"]["fused_l1"] and r["raster_kernel_ms"]["gsplat"]
+    } or None
     results["max_abs_err_image"] = max(r["max_abs_err_image"] for r in rows)
     results["max_rel_err_grad"] = max(r["max_rel_err_grad"] for r in rows)
     results["pixels_over_1e-4"] = max(r["pixels_over_1e-4"] for r in rows)
@@ -285,12 +309,13 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
 
-    print(f"\n{'scene':6} {'variant':15} {'ms':>8} {'x gsplat':>9} {'DRAM MB':>9}")
+    print(f"\n{'scene':6} {'variant':15} {'ms':>8} {'x gsplat':>9} {'DRAM MB':>9} {'kernel ms':>10}")
     for name, r in results["scenes"].items():
         for v in VARIANTS:
-            dram = (r.get("dram_bytes") or {}).get(v)
+            dram, kernel = (r.get("dram_bytes") or {}).get(v), (r.get("raster_kernel_ms") or {}).get(v)
             mb = f"{dram / 1e6:9.1f}" if dram else f"{'-':>9}"
-            print(f"{name:6} {v:15} {r['ms'][v]:8.3f} {r['ms']['gsplat'] / r['ms'][v]:9.2f} {mb}")
+            kms = f"{kernel:10.3f}" if kernel else f"{'-':>10}"
+            print(f"{name:6} {v:15} {r['ms'][v]:8.3f} {r['ms']['gsplat'] / r['ms'][v]:9.2f} {mb} {kms}")
         for blocks, t in r["ms_by_blocks_per_sm"].items():
             for v in ("fused_autograd", "fused_l1"):
                 print(
