@@ -31,7 +31,7 @@ tail -24 "$OUT/bench.log"
 if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
   mkdir -p /tmp/profile
   for item in $PROFILE; do
-    scene=${item%%:*} variant=${item#*:} rep=/tmp/profile/${item/:/-}
+    scene=${item%%:*} variant=${item#*:} rep=/tmp/profile/${item/:/-}  # kernels: fused_kernel.py's RASTER_KERNELS
     ncu --set full --import-source yes --profile-from-start off --clock-control none \
       -k regex:"fused_kernel|rasterize_to_pixels|forward_kernel" -o "$rep" -f \
       python3 benchmarks/fused_kernel.py --ncu-child "$scene" "$variant" ${LEGO_CKPT:+--lego-ckpt "$LEGO_CKPT"} \

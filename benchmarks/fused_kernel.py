@@ -214,6 +214,15 @@ def ncu_step(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | N
     }
 
 
+def ncu_ratio(scenes: dict, key: str, f) -> dict | None:
+    """{scene: f(gsplat's value, fused_l1's)} of an ncu figure (`key`) over the scenes where ncu gave both."""
+    return {
+        n: f(r[key]["gsplat"], r[key]["fused_l1"])
+        for n, r in scenes.items()
+        if r.get(key) and r[key]["gsplat"] and r[key]["fused_l1"]
+    } or None
+
+
 def scene_for(name: str, lego_ckpt: str | None) -> tuple[Splats, RasterCamera]:
     if name == "lego" and lego_ckpt:
         return from_checkpoint(Path(lego_ckpt), *SCENES["lego"][1:])
@@ -284,16 +293,8 @@ def main() -> None:
         n: r["ms"]["gsplat"] / r["ms"]["fused_autograd"] for n, r in results["scenes"].items()
     }
     results["ssim_cost_ms"] = {n: r["ms"]["fused_ssim"] - r["ms"]["fused_l1"] for n, r in results["scenes"].items()}
-    results["dram_bytes_reduction"] = {
-        n: 1.0 - r["dram_bytes"]["fused_l1"] / r["dram_bytes"]["gsplat"]
-        for n, r in results["scenes"].items()
-        if r.get("dram_bytes") and r["dram_bytes"]["fused_l1"] and r["dram_bytes"]["gsplat"]
-    } or None
-    results["kernel_speedup_vs_gsplat"] = {
-        n: r["raster_kernel_ms"]["gsplat"] / r["raster_kernel_ms"]["fused_l1"]
-        for n, r in results["scenes"].items()
-        if r.get("raster_kernel_ms") and r["raster_kernel_ms"]["fused_l1"] and r["raster_kernel_ms"]["gsplat"]
-    } or None
+    results["dram_bytes_reduction"] = ncu_ratio(results["scenes"], "dram_bytes", lambda gs, fu: 1.0 - fu / gs)
+    results["kernel_speedup_vs_gsplat"] = ncu_ratio(results["scenes"], "raster_kernel_ms", lambda gs, fu: gs / fu)
     results["max_abs_err_image"] = max(r["max_abs_err_image"] for r in rows)
     results["max_rel_err_grad"] = max(r["max_rel_err_grad"] for r in rows)
     results["pixels_over_1e-4"] = max(r["pixels_over_1e-4"] for r in rows)

@@ -62,7 +62,7 @@ def random_2d_scene(count, width, height, seed, placement, channels, footprint=(
     the reference on tiles of `tile_size` pixels.
     placement "left": small splats in the left 30% only, so the tiles on the right stay empty; "needles": long thin
     splats (axes 8x and 1/4 of the footprint) of opacity from just over the 1/255 cut-off, where the kernels' per-warp
-    reach test (csrc/raster_device.cuh, reach_y) is tightest."""
+    row test (csrc/raster_device.cuh, WarpRect::may_reach) is tightest."""
     g = torch.Generator().manual_seed(seed)
     if placement == "left":
         footprint = (0.5, 1.5)

@@ -128,21 +128,17 @@ struct SplatCache {
   }
 };
 
-// Of cached slots j0 .. j0 + n - 1 (n <= 32), the splats that may count on some pixel of the warp's rows: bit t for
-// slot j0 + t, each lane testing one splat. Call with the whole warp.
+// Front-to-back compositing into one pixel (transmittance T, colour C) of cached slots j0 .. j0 + n - 1 (n <= 32),
+// a word of splats, stopping before the splat that would take T to kTransmitMin or below (then `done` is set).
+// First a ballot keeps the splats that may count on some pixel of the warp's rows (each lane tests one, r.may_reach),
+// then each pixel not yet done composites only those. Returns a bit per splat this pixel composited (bit t: slot
+// j0 + t). Call with the whole warp.
 template <int TILE, int CDIM>
-__device__ __forceinline__ uint32_t warp_candidates(const SplatCache<CDIM>& c, int j0, int n, const WarpRect<TILE>& r) {
+__device__ __forceinline__ uint32_t composite_word(const SplatCache<CDIM>& c, int j0, int n, const WarpRect<TILE>& r,
+                                                   float px, float py, float& T, float (&C)[CDIM], bool& done) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const bool maybe = lane < n && r.may_reach(c.geo[j0 + lane], c.geo2[j0 + lane]);
-  return __ballot_sync(kFullMask, maybe);
-}
-
-// Front-to-back compositing into one pixel (transmittance T, colour C) of the cached splats j0 + t for the set bits t
-// of `todo`, stopping before the splat that would take T to kTransmitMin or below (then `done` is set). Returns a
-// bit per splat composited.
-template <int CDIM>
-__device__ __forceinline__ uint32_t composite_bits(const SplatCache<CDIM>& c, int j0, uint32_t todo, float px,
-                                                   float py, float& T, float (&C)[CDIM], bool& done) {
+  uint32_t todo = __ballot_sync(kFullMask, lane < n && r.may_reach(c.geo[j0 + lane], c.geo2[j0 + lane]));
+  if (done) return 0u;
   uint32_t used = 0u;
   while (todo != 0u) {
     const int t = __ffs(todo) - 1;  // front to back

@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
     __syncthreads();
     for (int j = 0; j < len; j += 32) {  // a word of 32 splats at a time, the warp together (it votes)
       if (__all_sync(kFullMask, done)) break;
-      const uint32_t todo = warp_candidates<TILE, CDIM>(cache, j, min(32, len - j), rect);
-      if (!done) composite_bits<CDIM>(cache, j, todo, px, py, T, C, done);
+      composite_word<TILE, CDIM>(cache, j, min(32, len - j), rect, px, py, T, C, done);
     }
   }
   if (!pix.inside) return;

@@ -6,7 +6,7 @@
 //     composited front to back with gsplat's cut-offs; loading stops once every pixel of the tile is saturated.
 //     Each thread keeps T_final, its last contributing index and its colour in registers. A warp walks the cached
 //     splats a word of 32 at a time: a ballot first keeps the splats that can reach alpha >= 1/255 on its rows
-//     (each lane tests one, WarpRect::may_reach), the lanes composite only those, each setting a bit per splat it
+//     (each lane tests one, composite_word), the lanes composite only those, each setting a bit per splat it
 //     used, and one OR-reduction per word leaves in shared memory which splats contributed to any of its pixels.
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
@@ -24,6 +24,7 @@ namespace bytesplat {
 namespace {
 
 constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together: one word
+static_assert(kRedBatch == 32, "the backward sums one word of contribution bits (32 splats) at a time");
 constexpr int kMiscBytes = 64;
 
 // Register budget: the launch bounds ask for kThreadsPerSm threads resident per SM, which caps registers at
@@ -160,8 +161,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
       // pixel of the warp composited.
       for (int w0 = b; w0 < b + nb; w0 += 32) {
         if (__all_sync(kFullMask, done)) break;
-        const uint32_t todo = warp_candidates<TILE, CDIM>(cache, w0, min(32, b + nb - w0), rect);
-        const uint32_t mine = done ? 0u : composite_bits<CDIM>(cache, w0, todo, px, py, T, C, done);
+        const uint32_t mine = composite_word<TILE, CDIM>(cache, w0, min(32, b + nb - w0), rect, px, py, T, C, done);
         if (mine != 0u) last = off + w0 + 31 - __clz(mine);
         const uint32_t word = __reduce_or_sync(kFullMask, mine);
         if (lane == 0) used_bits[w0 >> 5] = word;
