@@ -14,17 +14,17 @@
 //     transmittance as T / (1 - alpha), a word of 32 splats at a time. A warp visits only the splats its bits say
 //     its pixels used (jumping from set bit to set bit; a reloaded chunk is walked in full) and the block skips
 //     words no warp used. Per-splat gradients are summed over a warp with shuffles (a reduce-scatter: 13 shuffles
-//     for all quantities, each lane pair ends with one sum), written per warp to shared memory for the word,
-//     summed over the warps that visited the splat and added to device memory with one atomicAdd per splat and
-//     quantity: at most one global update per splat per tile.
+//     for all quantities, each lane pair ends with one sum) and added into the splat's slot in shared memory
+//     (atomically: warps work independently), kBlock splats per batch. After each batch the block adds each
+//     splat's slots to device memory, one atomicAdd per splat and quantity: at most one global update per splat
+//     per tile, and two barriers per kBlock splats, so a warp with few splats to visit runs ahead into the next
+//     word instead of waiting for the others after each one.
 #include "raster_device.cuh"
 #include "rasterize_fused.h"
 
 namespace bytesplat {
 namespace {
 
-constexpr int kRedBatch = 32;  // splats whose per-warp partial sums wait in shared memory together: one word
-static_assert(kRedBatch == 32, "the backward sums one word of contribution bits (32 splats) at a time");
 constexpr int kMiscBytes = 64;
 
 // Register budget: the launch bounds ask for kThreadsPerSm threads resident per SM, which caps registers at
@@ -42,12 +42,13 @@ struct Slots {
   static constexpr int kMean = 0, kAbs = 2, kConic = 4, kColor = 7, kOpacity = 7 + CDIM, kCount = 8 + CDIM;
 };
 
-// The fixed part of shared memory: red [kWarps][kRedBatch][kQ] floats, then warp_last and warp_loss [kWarps] each.
+// The fixed part of shared memory: the backward's batch sums [kBlock][kQ] floats (one batch of kBlock cached splats),
+// then warp_last and warp_loss [kWarps] each.
 template <int TILE, int CDIM>
 __host__ __device__ constexpr int fixed_bytes() {
   constexpr int kWarps = TileShape<TILE>::kWarps;
   static_assert(2 * kWarps * 4 <= kMiscBytes, "warp_last and warp_loss must fit kMiscBytes");
-  return (kWarps * kRedBatch * Slots<CDIM>::kCount * 4 + kMiscBytes + 15) / 16 * 16;
+  return (TileShape<TILE>::kBlock * Slots<CDIM>::kCount * 4 + kMiscBytes + 15) / 16 * 16;
 }
 
 // Per-warp contribution bits of a chunk of `capacity` splats: [kWarps][words_per_warp].
@@ -111,8 +112,8 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   using S = Slots<CDIM>;
   constexpr int kQ = S::kCount;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* red = reinterpret_cast<float*>(smem);  // [kWarps][kRedBatch][kQ]
-  int* warp_last = reinterpret_cast<int*>(red + kWarps * kRedBatch * kQ);  // [kWarps]
+  float* sums = reinterpret_cast<float*>(smem);  // [kBlock][kQ]: the backward's sums of one batch of splats
+  int* warp_last = reinterpret_cast<int*>(sums + kBlock * kQ);  // [kWarps]
   float* warp_loss = reinterpret_cast<float*>(warp_last + kWarps);         // [kWarps]
   const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem + fixed_bytes<TILE, CDIM>(), p.capacity);
 
@@ -130,6 +131,8 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   const int count = p.tiles.end[tile] - first;
   const int cap = p.capacity;
   const int n_chunks = (count + cap - 1) / cap;
+  // The backward's batch sums start at zero (the barriers before the backward order this); each flush clears them.
+  for (int i = static_cast<int>(threadIdx.x); i < kBlock * kQ; i += kBlock) sums[i] = 0.f;
 
   // 1. Forward, front to back.
   float T = 1.f;
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   }
   if (block_last < 0) return;  // block-uniform: no pixel of the tile used a splat
 
-  // 3. Backward, back to front, a word of 32 cached splats at a time.
+  // 3. Backward, back to front, in batches of kBlock cached splats, each a word of 32 splats at a time.
   const int q_lane = scattered_index<kQ>(lane);  // the quantity whose warp sum this lane gets (-1: none)
   const float T_final = T;
   float acc[CDIM];  // sum of weight * colour over the splats behind the current one
@@ -230,78 +233,86 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
       __syncthreads();
     }
     const int top = min(block_last - off, len - 1);  // the last cached splat any pixel used
-    for (int wi = top >> 5; wi >= 0; --wi) {
-      const int base = wi << 5;
-      const int span = min(31, top - base);  // this word holds splats base .. base + span
-      // The splats each warp visits (bits_valid: those it used; block-uniform `any`: those any warp used).
-      const uint32_t range = span == 31 ? kFullMask : (2u << span) - 1u;
-      uint32_t any = range;
-      if (bits_valid) {
-        any = 0u;
+    for (int batch = top / kBlock * kBlock; batch >= 0; batch -= kBlock) {
+      bool visited = false;  // block-uniform: whether a warp visited a splat of this batch
+      for (int wi = min(top, batch + kBlock - 1) >> 5; wi >= batch >> 5; --wi) {
+        const int base = wi << 5;
+        const int span = min(31, top - base);  // this word holds splats base .. base + span
+        // The splats this warp visits: those its pixels used, or every one in a reloaded chunk; the block skips a
+        // word no warp used (block-uniform).
+        uint32_t todo = span == 31 ? kFullMask : (2u << span) - 1u;
+        if (bits_valid) {
+          uint32_t any = 0u;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) any |= all_bits[w * words + wi];
-        if (any == 0u) continue;  // block-uniform: no pixel used a splat of this word
-      }
-      uint32_t todo = bits_valid ? used_bits[wi] : range;  // warp-uniform
-      while (todo != 0u) {
-        const int t = 31 - __clz(todo);  // back to front
-        todo ^= 1u << t;
-        const int j = base + t;
-        // Inactive lanes keep fac = v_sigma = v_opacity = 0, which zeroes all their quantities below.
-        float dx, dy, tq, vis, alpha, fac = 0.f, v_sigma = 0.f, v_opacity = 0.f;
-        const float4 geo = cache.geo[j];
-        const float2 geo2 = cache.geo2[j];
-        const bool counts = splat_alpha(geo, geo2, px, py, dx, dy, tq, vis, alpha);
-        const bool active = counts && off + j <= last;
-        if (active) {
-          const float ra = fast_rcp(1.f - alpha);
-          T *= ra;  // transmittance in front of splat j
-          fac = alpha * T;
-          float v_alpha = T_final * ra * vA;
-#pragma unroll
-          for (int d = 0; d < CDIM; ++d) {
-            const float c = cache.col[CDIM * j + d];
-            v_alpha += (c * T - acc[d] * ra) * vC[d];
-            acc[d] += fac * c;
-          }
-          const float raw = geo2.y * vis;
-          if (raw <= kAlphaMax) {  // min(kAlphaMax, raw) passes the gradient only below the clamp
-            v_sigma = -raw * v_alpha;
-            v_opacity = vis * v_alpha;
-          }
+          for (int w = 0; w < kWarps; ++w) any |= all_bits[w * words + wi];
+          if (any == 0u) continue;
+          todo = used_bits[wi];  // warp-uniform
         }
-        float g[kQ];
+        visited = true;
+        while (todo != 0u) {
+          const int t = 31 - __clz(todo);  // back to front
+          todo ^= 1u << t;
+          const int j = base + t;
+          // Inactive lanes keep fac = v_sigma = v_opacity = 0, which zeroes all their quantities below.
+          float dx, dy, tq, vis, alpha, fac = 0.f, v_sigma = 0.f, v_opacity = 0.f;
+          const float4 geo = cache.geo[j];
+          const float2 geo2 = cache.geo2[j];
+          const bool counts = splat_alpha(geo, geo2, px, py, dx, dy, tq, vis, alpha);
+          const bool active = counts && off + j <= last;
+          if (active) {
+            const float ra = fast_rcp(1.f - alpha);
+            T *= ra;  // transmittance in front of splat j
+            fac = alpha * T;
+            float v_alpha = T_final * ra * vA;
 #pragma unroll
-        for (int d = 0; d < CDIM; ++d) g[S::kColor + d] = fac * vC[d];
-        g[S::kConic] = 0.5f * v_sigma * dx * dx;
-        g[S::kConic + 1] = v_sigma * dx * dy;
-        g[S::kConic + 2] = 0.5f * v_sigma * dy * dy;
-        // d sigma / d mean = (a dx + b dy, b dx + c dy) = -ln2 (2 qa dx + qb dy, qb dx + 2 qc dy)
-        const float w = -kLn2 * v_sigma;
-        g[S::kMean] = w * fmaf(geo.z, dx, tq);
-        g[S::kMean + 1] = w * fmaf(2.f * geo2.x, dy, geo.w * dx);
-        g[S::kAbs] = fabsf(g[S::kMean]);
-        g[S::kAbs + 1] = fabsf(g[S::kMean + 1]);
-        g[S::kOpacity] = v_opacity;
-        // The warp's sum of each quantity, one quantity per lane pair, into this warp's slot.
-        const float sum = __any_sync(kFullMask, active) ? warp_sum_scattered<kQ>(g, lane) : 0.f;
-        if ((lane & 1) == 0 && q_lane >= 0) red[(warp * kRedBatch + t) * kQ + q_lane] = sum;
+            for (int d = 0; d < CDIM; ++d) {
+              const float c = cache.col[CDIM * j + d];
+              v_alpha += (c * T - acc[d] * ra) * vC[d];
+              acc[d] += fac * c;
+            }
+            const float raw = geo2.y * vis;
+            if (raw <= kAlphaMax) {  // min(kAlphaMax, raw) passes the gradient only below the clamp
+              v_sigma = -raw * v_alpha;
+              v_opacity = vis * v_alpha;
+            }
+          }
+          if (!__any_sync(kFullMask, active)) continue;
+          float g[kQ];
+#pragma unroll
+          for (int d = 0; d < CDIM; ++d) g[S::kColor + d] = fac * vC[d];
+          g[S::kConic] = 0.5f * v_sigma * dx * dx;
+          g[S::kConic + 1] = v_sigma * dx * dy;
+          g[S::kConic + 2] = 0.5f * v_sigma * dy * dy;
+          // d sigma / d mean = (a dx + b dy, b dx + c dy) = -ln2 (2 qa dx + qb dy, qb dx + 2 qc dy)
+          const float w = -kLn2 * v_sigma;
+          g[S::kMean] = w * fmaf(geo.z, dx, tq);
+          g[S::kMean + 1] = w * fmaf(2.f * geo2.x, dy, geo.w * dx);
+          g[S::kAbs] = fabsf(g[S::kMean]);
+          g[S::kAbs + 1] = fabsf(g[S::kMean + 1]);
+          g[S::kOpacity] = v_opacity;
+          // The warp's sum of each quantity, one quantity per lane pair, added into the splat's batch slot.
+          const float sum = warp_sum_scattered<kQ>(g, lane);
+          if ((lane & 1) == 0 && q_lane >= 0) atomicAdd(&sums[(j - batch) * kQ + q_lane], sum);
+        }
       }
+      if (!visited) continue;
       __syncthreads();
-      // Each splat's sum over the warps that visited it, one atomicAdd per splat and quantity.
-      for (int e = static_cast<int>(threadIdx.x); e < (span + 1) * kQ; e += kBlock) {
-        const int t = e / kQ;
-        const int q = e - t * kQ;
-        if (((any >> t) & 1u) == 0u) continue;
-        float sum = 0.f;
+      // Each splat's sum over the warps that visited it, one atomicAdd per splat and quantity; the slots are
+      // cleared for the next batch. Thread s takes the batch's splat s.
+      const int s = static_cast<int>(threadIdx.x);
+      if (batch + s <= top) {
+        float* slot = sums + s * kQ;
+        int64_t id = -1;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const uint32_t visited = bits_valid ? all_bits[w * words + wi] : kFullMask;
-          if ((visited >> t) & 1u) sum += red[(w * kRedBatch + t) * kQ + q];
+        for (int q = 0; q < kQ; ++q) {
+          const float v = slot[q];
+          if (v == 0.f) continue;
+          slot[q] = 0.f;
+          if (id < 0) id = p.tiles.ids[first + off + batch + s];
+          accumulate<CDIM>(p.grads, id, q, v);
         }
-        if (sum != 0.f) accumulate<CDIM>(p.grads, p.tiles.ids[first + off + base + t], q, sum);
       }
-      __syncthreads();  // before the next word overwrites red
+      __syncthreads();  // before the next batch adds into the slots
     }
   }
 }
