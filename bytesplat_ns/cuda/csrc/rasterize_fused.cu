@@ -2,7 +2,7 @@
 // 16- and 8-pixel tiles (raster_types.h): kBlock threads in kWarps warps, 256 in 8 or 64 in 2.
 //
 //  1. Forward: the tile's depth-ordered splats are loaded into shared memory (one chunk of up to `capacity`
-//     splats; longer lists, possible only with pruning off, go in several chunks), kBlock at a time, and
+//     splats; longer lists, possible only with pruning off, go in several chunks), 2 kBlock at a time, and
 //     composited front to back with gsplat's cut-offs; loading stops once every pixel of the tile is saturated.
 //     Each thread keeps T_final, its last contributing index and its colour in registers. A warp walks the cached
 //     splats a word of 32 at a time: a ballot first keeps the splats that can reach alpha >= 1/255 on its rows
@@ -111,6 +111,9 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   constexpr int kWarps = TileShape<TILE>::kWarps;
   using S = Slots<CDIM>;
   constexpr int kQ = S::kCount;
+  // Splats the forward loads between two checks of whether the whole tile is saturated: two per thread, so a tile
+  // that composites up to 2 kBlock splats waits at one barrier pair instead of two.
+  constexpr int kLoad = 2 * kBlock;
   extern __shared__ __align__(16) unsigned char smem[];
   float* sums = reinterpret_cast<float*>(smem);  // [kBlock][kQ]: the backward's sums of one batch of splats
   int* warp_last = reinterpret_cast<int*>(sums + kBlock * kQ);  // [kWarps]
@@ -146,9 +149,9 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   for (int k = 0; k < n_chunks && !block_done; ++k) {
     const int off = k * cap;
     const int len = min(cap, count - off);
-    // Loaded in batches of kBlock, each composited before the next is read, so a tile whose pixels all saturate
+    // Loaded in batches of kLoad, each composited before the next is read, so a tile whose pixels all saturate
     // early reads no more of its list (the backward needs no entry past the last one used).
-    for (int b = 0; b < len; b += kBlock) {
+    for (int b = 0; b < len; b += kLoad) {
       if (__syncthreads_count(done) == kBlock) {  // also the barrier before the cache is overwritten
         block_done = true;
         break;
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
       if (b == 0) {  // this chunk's bits start clear: words the warp never walks stay 0 (the barrier below orders it)
         for (int i = lane; i < words; i += 32) used_bits[i] = 0u;
       }
-      const int nb = min(kBlock, len - b);
+      const int nb = min(kLoad, len - b);
       cache.load(p.splats, p.tiles.ids, first + off + b, nb, b);
       resident = k;
       __syncthreads();
