@@ -214,12 +214,12 @@ def ncu_step(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | N
     }
 
 
-def ncu_ratio(scenes: dict, key: str, f) -> dict | None:
-    """{scene: f(gsplat's value, fused_l1's)} of an ncu figure (`key`) over the scenes where ncu gave both."""
+def ncu_ratio(scenes: dict, key: str, f, variant: str = "fused_l1") -> dict | None:
+    """{scene: f(gsplat's value, `variant`'s)} of an ncu figure (`key`) over the scenes where ncu gave both."""
     return {
-        n: f(r[key]["gsplat"], r[key]["fused_l1"])
+        n: f(r[key]["gsplat"], r[key][variant])
         for n, r in scenes.items()
-        if r.get(key) and r[key]["gsplat"] and r[key]["fused_l1"]
+        if r.get(key) and r[key]["gsplat"] and r[key][variant]
     } or None
 
 
@@ -288,13 +288,16 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     rows = results["scenes"].values()
-    results["speedup_vs_gsplat"] = {n: r["ms"]["gsplat"] / r["ms"]["fused_l1"] for n, r in results["scenes"].items()}
-    results["speedup_autograd_vs_gsplat"] = {
-        n: r["ms"]["gsplat"] / r["ms"]["fused_autograd"] for n, r in results["scenes"].items()
-    }
+    speedup = lambda v: {n: r["ms"]["gsplat"] / r["ms"][v] for n, r in results["scenes"].items()}  # noqa: E731
+    results["speedup_vs_gsplat"] = speedup("fused_l1")
+    results["speedup_vs_gsplat_pruned"] = speedup("fused_l1_pruned")
+    results["speedup_autograd_vs_gsplat"] = speedup("fused_autograd")
     results["ssim_cost_ms"] = {n: r["ms"]["fused_ssim"] - r["ms"]["fused_l1"] for n, r in results["scenes"].items()}
     results["dram_bytes_reduction"] = ncu_ratio(results["scenes"], "dram_bytes", lambda gs, fu: 1.0 - fu / gs)
     results["kernel_speedup_vs_gsplat"] = ncu_ratio(results["scenes"], "raster_kernel_ms", lambda gs, fu: gs / fu)
+    results["kernel_speedup_vs_gsplat_pruned"] = ncu_ratio(
+        results["scenes"], "raster_kernel_ms", lambda gs, fu: gs / fu, variant="fused_l1_pruned"
+    )
     results["max_abs_err_image"] = max(r["max_abs_err_image"] for r in rows)
     results["max_rel_err_grad"] = max(r["max_rel_err_grad"] for r in rows)
     results["pixels_over_1e-4"] = max(r["pixels_over_1e-4"] for r in rows)

@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   constexpr int kLoad = 2 * kBlock;
   extern __shared__ __align__(16) unsigned char smem[];
   float* sums = reinterpret_cast<float*>(smem);  // [kBlock][kQ]: the backward's sums of one batch of splats
-  int* warp_last = reinterpret_cast<int*>(sums + kBlock * kQ);  // [kWarps]
-  float* warp_loss = reinterpret_cast<float*>(warp_last + kWarps);         // [kWarps]
+  int* warp_last = reinterpret_cast<int*>(sums + kBlock * kQ);     // [kWarps]
+  float* warp_loss = reinterpret_cast<float*>(warp_last + kWarps);  // [kWarps]
   const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem + fixed_bytes<TILE, CDIM>(), p.capacity);
 
   const int tile = static_cast<int>(blockIdx.x);
@@ -240,16 +240,18 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
       bool visited = false;  // block-uniform: whether a warp visited a splat of this batch
       for (int wi = min(top, batch + kBlock - 1) >> 5; wi >= batch >> 5; --wi) {
         const int base = wi << 5;
-        const int span = min(31, top - base);  // this word holds splats base .. base + span
-        // The splats this warp visits: those its pixels used, or every one in a reloaded chunk; the block skips a
-        // word no warp used (block-uniform).
-        uint32_t todo = span == 31 ? kFullMask : (2u << span) - 1u;
+        // The splats this warp visits: those its pixels used (the block skips a word no warp used, block-uniform),
+        // or in a reloaded chunk every one up to top.
+        uint32_t todo;
         if (bits_valid) {
           uint32_t any = 0u;
 #pragma unroll
           for (int w = 0; w < kWarps; ++w) any |= all_bits[w * words + wi];
           if (any == 0u) continue;
           todo = used_bits[wi];  // warp-uniform
+        } else {
+          const int span = min(31, top - base);  // this word holds splats base .. base + span
+          todo = span == 31 ? kFullMask : (2u << span) - 1u;
         }
         visited = true;
         while (todo != 0u) {
