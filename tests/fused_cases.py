@@ -8,6 +8,7 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -272,6 +273,28 @@ def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, t
     assert abs(value.item() - expected.item()) <= loss_rtol * abs(expected.item()), (value.item(), expected.item())
     assert_image_close(rgb, pred.detach(), flipped_pixels(scene, scene.bins, tol["shift"]), tol, "rgb")
     _compare_grads(leaves, ref_leaves, absgrad64, scene, tol["grad_rtol"])
+
+
+def check_loss_scale(scene: Scene, factor: float) -> None:
+    """backward of factor * loss hands out factor times the loss path's gradients (|factor| times the absolute
+    2D-mean ones), and a second backward of the same loss raises."""
+    lists = lists_from_bins(scene.bins, scene.tile_size)
+    gt = torch.rand(scene.height, scene.width, 3, generator=torch.Generator(device=DEVICE).manual_seed(3),
+                    device=DEVICE)  # fmt: skip
+    runs = []
+    for scale in (1.0, factor):
+        leaves = _leaves(scene)
+        value, _, _ = fused_loss_raster(*leaves, lists, gt, None, FusedLoss(l1=0.7, l2=0.3, ssim=0.0),
+                                        device_capacity(3, scene.tile_size), absgrad=True)  # fmt: skip
+        (value * scale).backward(retain_graph=True)
+        runs.append([leaf.grad for leaf in leaves] + [leaves[0].absgrad])
+        with pytest.raises(RuntimeError, match="hands out its gradients once"):
+            value.backward()
+    names = ("means2d", "conics", "colors", "opacities", "absgrad")
+    for name, one, scaled in zip(names, *runs):
+        expected = one.double() * (abs(factor) if name == "absgrad" else factor)
+        assert one.abs().sum() > 0, name
+        assert_grad_close(scaled, expected, 1e-5, f"{factor} x loss: {name}")
 
 
 def prune_scores(scene: Scene, ids: Tensor, tile: int, tiles_x: int) -> Tensor:

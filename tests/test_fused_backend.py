@@ -183,7 +183,7 @@ def test_cuda_sources_compile(tmp_path):
          str(src), "-o", str(tmp_path / f"{src.stem}.o")]
         for src in sources
     ])  # fmt: skip
-    assert len(list(tmp_path.glob("*.o"))) == len(sources) == 7
+    assert len(list(tmp_path.glob("*.o"))) == len(sources) == 8
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None, reason="needs g++ and the CUDA headers")
@@ -226,6 +226,13 @@ def test_loss_path_matches_reference(name, ssim, tile_size):
     weights = dict(l1=1.0 - ssim, l2=0.3, ssim=ssim)
     fc.check_loss_path(scene, weights, BACKGROUND, LOSS_RTOL, fc.tolerances(IMAGE_ATOL, GRAD_RTOL, CUTOFF_SHIFT,
                                                                           FLIPPED_FRACTION, FLIPPED_ATOL))  # fmt: skip
+
+
+@gpu
+@pytest.mark.parametrize("factor", [2.5, -0.5])
+def test_loss_path_gradients_follow_the_loss_scale(factor):
+    scene = fc.random_2d_scene(3000, 120, 90, 12, "spread", channels=3)
+    fc.check_loss_scale(scene, factor)
 
 
 @gpu

@@ -208,7 +208,7 @@ def loss_pixels(
     _check(means2d, conics, colors, opacities, tiles, width, height)
     if colors.shape[-1] != 3:
         raise ValueError(f"The fused loss takes RGB colours [N, 3], got {tuple(colors.shape)}.")
-    extra = extra_loss.detach().reshape(()) if extra_loss is not None else gt.new_zeros(())
+    extra = extra_loss.detach().reshape(()) if extra_loss is not None else None
     loss, render, alpha = _FusedLoss.apply(
         means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra, extra, absgrad,
         want_image, poison,
@@ -275,33 +275,45 @@ class _Rasterize(torch.autograd.Function):
 
 
 class _FusedLoss(torch.autograd.Function):
+    """The loss is computed with its gradients (one kernel, in forward); backward scales them by the loss's incoming
+    gradient in place (csrc/scale_grads.h: nothing read or written when it is 1) and hands them out, once."""
+
     @staticmethod
     def forward(
         ctx, means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra, extra,
         absgrad, want_image, poison,
     ):  # fmt: skip
         height, width = gt.shape[:2]
-        loss, v_means2d, v_abs, v_conics, v_colors, v_opacities, render, alpha = ext().rasterize_loss(
+        loss, *grads, render, alpha = ext().rasterize_loss(
             *_flat(means2d, conics, colors, opacities), tiles.start, tiles.end, tiles.ids, width, height,
             tiles.tiles_x, tiles.tile_size, capacity, gt.detach().contiguous(),
             None if v_extra is None else v_extra.detach().contiguous(),
             None if background is None else background.detach().to(torch.float32).contiguous(),
             weights.l1, weights.l2, weights.clamp, want_image, absgrad, poison,
         )  # fmt: skip
-        ctx.save_for_backward(means2d, v_means2d, v_abs, v_conics, v_colors, v_opacities)
+        ctx.save_for_backward(means2d)
+        ctx.grads = grads  # v_means2d, v_abs, v_conics, v_colors, v_opacities: not inputs or outputs
         ctx.absgrad = absgrad
         ctx.shapes = (conics.shape, colors.shape, opacities.shape)
         ctx.mark_non_differentiable(render, alpha)
-        return loss.reshape(()) + extra, render, alpha
+        loss = loss.reshape(())
+        return (loss if extra is None else loss + extra), render, alpha
 
     @staticmethod
     def backward(ctx, v_loss, _v_render, _v_alpha):
-        means2d, v_means2d, v_abs, v_conics, v_colors, v_opacities = ctx.saved_tensors
+        (means2d,) = ctx.saved_tensors
+        if ctx.grads is None:
+            raise RuntimeError(
+                "The fused loss hands out its gradients once (its backward scales them in place); backpropagate it "
+                "once per forward (no retain_graph), or build the loss in torch over ops.rasterize_pixels."
+            )
+        (v_means2d, v_abs, *grads), ctx.grads = ctx.grads, None
+        scale = v_loss.detach().to(torch.float32).reshape(1).contiguous()
+        ext().scale_grads([v_means2d, *grads], [v_abs] if ctx.absgrad else [], scale)
         if ctx.absgrad:
-            _set_absgrad(means2d, v_abs * v_loss.abs())
-        grads = [(g * v_loss).reshape(shape) for g, shape in zip((v_conics, v_colors, v_opacities), ctx.shapes)]
-        v_means2d = (v_means2d * v_loss).reshape(means2d.shape)
-        return v_means2d, *grads, None, None, None, None, None, None, None, None, None, None
+            _set_absgrad(means2d, v_abs)
+        grads = [g.reshape(shape) for g, shape in zip(grads, ctx.shapes)]
+        return v_means2d.reshape(means2d.shape), *grads, None, None, None, None, None, None, None, None, None, None
 
 
 def pack_rows(

@@ -5,11 +5,12 @@
 #include "prune_tiles.h"
 #include "rasterize_forward.h"
 #include "rasterize_fused.h"
+#include "scale_grads.h"
 #include "sparse_rows.h"
 #include "ssim.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows, SSIM, Adam";
+  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows, SSIM, Adam, gradient scaling";
   m.def("bin_tiles", &bytesplat::bin_tiles, "Tile binning into buffers of a given capacity, no host sync");
   m.def("tile_ranges", &bytesplat::tile_ranges, "Tile list ends, with on-chip pruning of overflowing tiles");
   m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 or 8x8 tile");
@@ -21,5 +22,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_rows", &bytesplat::unpack_rows, "Every rank's exchanged rows, scaled and summed into the zeroed gradients; returns the headers");
   m.def("ssim_forward", &bytesplat::ssim_forward, "SSIM per block and its derivatives w.r.t. the moments of y");
   m.def("ssim_backward", &bytesplat::ssim_backward, "dSSIM/dy from the forward's derivative maps");
+  m.def("scale_grads", &bytesplat::scale_grads, "Gradients times a device scalar in place, in one launch; nothing done when it is 1");
   m.def("adam_step", &bytesplat::adam_step, "Adam over every parameter group in one launch");
 }

@@ -45,8 +45,8 @@ struct Falloff {
 
 // Whether a splat counts for the pixel centre (px, py) by gsplat's rules (sigma >= 0, alpha >= 1/255), with its
 // alpha = min(kAlphaMax, opacity vis). dx, dy (centre minus pixel), t = qa dx + qb dy and vis = exp(-sigma) are
-// returned for the backward pass. `geo` = (x, y, qa, qb), `geo2` = (qc, opacity), as SplatCache keeps them.
-__device__ __forceinline__ bool splat_alpha(float4 geo, float2 geo2, float px, float py, float& dx, float& dy,
+// returned for the backward pass. `geo` = (x, y, qa, qb), `geo2` = (qc, opacity, ...), as SplatCache keeps them.
+__device__ __forceinline__ bool splat_alpha(float4 geo, float4 geo2, float px, float py, float& dx, float& dy,
                                             float& t, float& vis, float& alpha) {
   dx = geo.x - px;
   dy = geo.y - py;
@@ -74,7 +74,7 @@ struct WarpRect {
   // largest power over each row's segment (concave in dx where qa < 0: the vertex, clamped to the segment), with
   // slack for rounding: 1e-3 plus 1e-6 of the largest size the power's terms take on the row, where the per-pixel
   // evaluation and this one each err by under 3e-7 of it. A splat with qa >= 0 is never ruled out.
-  __device__ bool may_reach(float4 geo, float2 geo2) const {
+  __device__ bool may_reach(float4 geo, float4 geo2) const {
     if (!(geo.z < 0.f)) return true;
     const float k = -0.5f * geo.w * fast_rcp(geo.z);  // the power's vertex in dx for a row at offset dy: k dy
     const float dx_min = geo.x - x_hi, dx_max = geo.x - x_lo;
@@ -93,25 +93,36 @@ struct WarpRect {
   }
 };
 
-// Splats of one tile (or one chunk of it) in shared memory, structure of arrays. The tile list's ids stay in device
-// memory: only the backward's final atomicAdds need them.
+// Splats of one tile (or one chunk of it) in shared memory, structure of arrays, in 16-byte rows where it can: the
+// first two colour channels ride in geo2's spare half, so a splat is read with two 16-byte loads and CDIM - 2 single
+// floats. The tile list's ids stay in device memory: only the backward's final atomicAdds need them.
 template <int CDIM>
 struct SplatCache {
-  static constexpr int kBytesPerSplat = 16 + 8 + 4 * CDIM;  // geo, geo2, colour
+  static_assert(CDIM >= 2, "two colour channels ride in geo2");
+  static constexpr int kRest = CDIM - 2;
+  static constexpr int kBytesPerSplat = 16 + 16 + 4 * kRest;  // geo, geo2, the other channels
 
   float4* geo;   // (x, y, qa, qb): centre and falloff (Falloff)
-  float2* geo2;  // (qc, opacity)
-  float* col;    // [capacity, CDIM]
+  float4* geo2;  // (qc, opacity, colour 0, colour 1)
+  float* rest;   // [capacity, kRest]: colour 2 ..
 
   // Lays the arrays out from `base` (16-byte aligned) for `capacity` splats.
   __device__ static SplatCache carve(unsigned char* base, int capacity) {
     SplatCache c;
     c.geo = reinterpret_cast<float4*>(base);
     base += sizeof(float4) * capacity;
-    c.geo2 = reinterpret_cast<float2*>(base);
-    base += sizeof(float2) * capacity;
-    c.col = reinterpret_cast<float*>(base);
+    c.geo2 = reinterpret_cast<float4*>(base);
+    base += sizeof(float4) * capacity;
+    c.rest = reinterpret_cast<float*>(base);
     return c;
+  }
+
+  // Colour of cached splat j, whose geo2 the caller has read.
+  __device__ __forceinline__ void colour(int j, float4 g2, float (&c)[CDIM]) const {
+    c[0] = g2.z;
+    c[1] = g2.w;
+#pragma unroll
+    for (int d = 0; d < kRest; ++d) c[2 + d] = rest[kRest * j + d];
   }
 
   // Cooperative load of entries [first, first + count) of the tile lists' id array into slots [at, at + count).
@@ -121,9 +132,9 @@ struct SplatCache {
       const int k = at + i;
       const Falloff f = Falloff::of_conic(s.conics[3 * n], s.conics[3 * n + 1], s.conics[3 * n + 2]);
       geo[k] = make_float4(s.means2d[2 * n], s.means2d[2 * n + 1], f.qa, f.qb);
-      geo2[k] = make_float2(f.qc, s.opacities[n]);
+      geo2[k] = make_float4(f.qc, s.opacities[n], s.colors[CDIM * n], s.colors[CDIM * n + 1]);
 #pragma unroll
-      for (int d = 0; d < CDIM; ++d) col[CDIM * k + d] = s.colors[CDIM * n + d];
+      for (int d = 0; d < kRest; ++d) rest[kRest * k + d] = s.colors[CDIM * n + 2 + d];
     }
   }
 };
@@ -145,15 +156,18 @@ __device__ __forceinline__ uint32_t composite_word(const SplatCache<CDIM>& c, in
     todo &= todo - 1u;
     const int j = j0 + t;
     float dx, dy, tq, vis, alpha;
-    if (!splat_alpha(c.geo[j], c.geo2[j], px, py, dx, dy, tq, vis, alpha)) continue;
+    const float4 g2 = c.geo2[j];
+    if (!splat_alpha(c.geo[j], g2, px, py, dx, dy, tq, vis, alpha)) continue;
     const float next_T = T * (1.f - alpha);
     if (next_T <= kTransmitMin) {
       done = true;
       break;
     }
     const float w = alpha * T;
+    float col[CDIM];
+    c.colour(j, g2, col);
 #pragma unroll
-    for (int d = 0; d < CDIM; ++d) C[d] += w * c.col[CDIM * j + d];
+    for (int d = 0; d < CDIM; ++d) C[d] += w * col[d];
     T = next_T;
     used |= 1u << t;
   }

@@ -6,17 +6,32 @@ namespace {
 
 struct GradOutputs {
   at::Tensor means2d, means2d_abs, conics, colors, opacities;
+  at::Tensor tail;  // zeroed with the gradients (the loss)
   SplatGrads pointers() {
     return SplatGrads{means2d.data_ptr<float>(), means2d_abs.numel() ? means2d_abs.data_ptr<float>() : nullptr,
                       conics.data_ptr<float>(), colors.data_ptr<float>(), opacities.data_ptr<float>()};
   }
 };
 
-GradOutputs zero_grads(const at::Tensor& means2d, int64_t cdim, bool absgrad) {
+// The gradient outputs (and `tail` more floats, the loss), zeroed: slices of one buffer, cleared by one memset.
+GradOutputs zero_grads(const at::Tensor& means2d, int64_t cdim, bool absgrad, int64_t tail = 0) {
   const int64_t n = means2d.size(0);
-  const auto opts = means2d.options();
-  return GradOutputs{at::zeros({n, 2}, opts), absgrad ? at::zeros({n, 2}, opts) : at::empty({0}, opts),
-                     at::zeros({n, 3}, opts), at::zeros({n, cdim}, opts), at::zeros({n}, opts)};
+  const int64_t abs_width = absgrad ? 2 : 0;
+  const at::Tensor flat = at::zeros({n * (2 + abs_width + 3 + cdim + 1) + tail}, means2d.options());
+  int64_t offset = 0;
+  const auto take = [&](int64_t width) {
+    at::Tensor part = flat.narrow(0, offset, n * width);
+    offset += n * width;
+    return part;
+  };
+  GradOutputs g;
+  g.means2d = take(2).view({n, 2});
+  g.means2d_abs = absgrad ? take(2).view({n, 2}) : at::empty({0}, means2d.options());
+  g.conics = take(3).view({n, 3});
+  g.colors = take(cdim).view({n, cdim});
+  g.opacities = take(1);
+  g.tail = flat.narrow(0, offset, tail);
+  return g;
 }
 
 void check_image(const at::Tensor& t, int64_t height, int64_t width, int64_t channels, const char* name) {
@@ -70,8 +85,8 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
     BYTESPLAT_CHECK_INPUT(*background, at::kFloat);
     check_shape(*background, {3}, "background");
   }
-  GradOutputs grads = zero_grads(means2d, 3, absgrad);
-  at::Tensor loss = at::zeros({1}, means2d.options());
+  GradOutputs grads = zero_grads(means2d, 3, absgrad, 1);
+  const at::Tensor loss = grads.tail;
   at::Tensor render = want_image ? image_output(means2d, height, width, 3, poison) : at::empty({0}, means2d.options());
   at::Tensor alpha = want_image ? image_output(means2d, height, width, 1, poison) : at::empty({0}, means2d.options());
   PixelGradSource src{};

@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
           // Inactive lanes keep fac = v_sigma = v_opacity = 0, which zeroes all their quantities below.
           float dx, dy, tq, vis, alpha, fac = 0.f, v_sigma = 0.f, v_opacity = 0.f;
           const float4 geo = cache.geo[j];
-          const float2 geo2 = cache.geo2[j];
+          const float4 geo2 = cache.geo2[j];
           const bool counts = splat_alpha(geo, geo2, px, py, dx, dy, tq, vis, alpha);
           const bool active = counts && off + j <= last;
           if (active) {
@@ -269,11 +269,12 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
             T *= ra;  // transmittance in front of splat j
             fac = alpha * T;
             float v_alpha = T_final * ra * vA;
+            float col[CDIM];
+            cache.colour(j, geo2, col);
 #pragma unroll
             for (int d = 0; d < CDIM; ++d) {
-              const float c = cache.col[CDIM * j + d];
-              v_alpha += (c * T - acc[d] * ra) * vC[d];
-              acc[d] += fac * c;
+              v_alpha += (col[d] * T - acc[d] * ra) * vC[d];
+              acc[d] += fac * col[d];
             }
             const float raw = geo2.y * vis;
             if (raw <= kAlphaMax) {  // min(kAlphaMax, raw) passes the gradient only below the clamp
