@@ -3,7 +3,8 @@ rasterize_to_pixels forward+backward on the same projected splats and tile lists
 
 Scenes (synthetic unless --lego-ckpt gives a trained nerfstudio checkpoint): "lego" ~300k splats around an
 object at 800x800, and "wide" >= 2M splats filling a 1920x1080 view. Per scene, one training step's
-rasterization with an L1 loss against a random target, each variant timed with CUDA events (median):
+rasterization with an L1 loss against a random target, each variant timed with CUDA events (median of STEP_ITERS steps;
+each step's fresh copies of the projected inputs, the leaves its gradients land in, are made before its start event):
   gsplat          rasterize_to_pixels forward, torch loss, autograd backward (absgrad on)
   fused_autograd  our forward kernel, torch loss, our fused backward kernel through autograd
   fused_l1        our fused kernel with the L1 loss formed on-chip: one launch (the headline)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import math
@@ -50,6 +52,7 @@ DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 TIME_METRIC = "gpu__time_duration.sum"
 RASTER_KERNELS = ("rasterize_to_pixels", "fused_kernel", "forward_kernel")  # substrings of the kernels' names
 NCU_VARIANTS = ("gsplat", "fused_autograd", "fused_l1", "fused_l1_pruned")
+STEP_WARMUP, STEP_ITERS = 5, 50  # steps of each variant before timing, and timed (CUDA events, median)
 
 
 def synthetic(name: str, seed: int = 0) -> tuple[Splats, RasterCamera]:
@@ -119,11 +122,11 @@ class Bench:
     def leaves(self):
         return [t.clone().requires_grad_(True) for t in (self.means2d, self.conics, self.colors, self.opacities)]
 
-    def step(self, variant: str, capacity: int | None = None):
-        """One forward+backward of `variant`; `capacity`: the fused kernel's on-chip splats per tile (default: the
-        renderer's, from ops.BLOCKS_PER_SM)."""
+    def step(self, variant: str, capacity: int | None = None, leaves: list | None = None):
+        """One forward+backward of `variant` into `leaves` (default: fresh ones); `capacity`: the fused kernel's
+        on-chip splats per tile (default: the renderer's, from ops.BLOCKS_PER_SM)."""
         capacity = capacity or self.capacity
-        m, c, col, o = leaves = self.leaves()
+        m, c, col, o = leaves = leaves or self.leaves()
         if variant == "gsplat":
             from gsplat.cuda._wrapper import rasterize_to_pixels
 
@@ -143,18 +146,25 @@ class Bench:
         return loss, [leaf.grad for leaf in leaves] + [m.absgrad]
 
 
-def median_ms(fn, warmup: int = 3, iters: int = 15) -> float:
-    for _ in range(warmup):
-        fn()
+def median_ms(fn, warmup: int = 3, iters: int = 15, setup=None) -> float:
+    """Median CUDA-event time of fn(), or of fn(setup()) with setup() run (and queued) before the start event."""
     times = []
-    for _ in range(iters):
+    for i in range(warmup + iters):
+        args = [] if setup is None else [setup()]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        fn(*args)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def step_ms(bench: Bench, variant: str, capacity: int | None = None) -> float:
+    """Median time of `variant`'s step, its input copies made before each start event (STEP_WARMUP, STEP_ITERS)."""
+    run = functools.partial(bench.step, variant, capacity)  # run(leaves)
+    return median_ms(run, warmup=STEP_WARMUP, iters=STEP_ITERS, setup=bench.leaves)
 
 
 def errors(bench: Bench) -> dict:
@@ -270,12 +280,12 @@ def main() -> None:
     for name in args.scenes:
         bench = Bench(*scene_for(name, args.lego_ckpt))
         row = dict(bench.stats)
-        row["ms"] = {v: median_ms(lambda v=v, b=bench: b.step(v)) for v in VARIANTS}
+        row["ms"] = {v: step_ms(bench, v) for v in VARIANTS}
         row["ms_by_blocks_per_sm"] = {}
         for blocks in args.blocks_per_sm:
             capacity = ops.tile_capacity(torch.device("cuda"), 3, bench.tiles.tile_size, blocks)
             row["ms_by_blocks_per_sm"][blocks] = {"capacity": capacity} | {
-                v: median_ms(lambda v=v, b=bench, c=capacity: b.step(v, c)) for v in ("fused_autograd", "fused_l1")
+                v: step_ms(bench, v, capacity) for v in ("fused_autograd", "fused_l1")
             }
         row.update(errors(bench))
         if args.ncu:
