@@ -1,5 +1,6 @@
 // Adam over every parameter group in one launch: see adam.h.
 #include "adam.h"
+#include "end_to_end.cuh"
 
 namespace bytesplat {
 namespace {
@@ -19,9 +20,9 @@ __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamParams p) 
   const int64_t total = p.end[p.groups - 1];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    int g = 0;
-    while (i >= p.end[g]) ++g;
-    const int64_t e = i - (g > 0 ? p.end[g - 1] : 0);
+    const EndToEnd at = EndToEnd::locate(i, p.end);
+    const int g = at.buffer;
+    const int64_t e = at.index;
     if (p.visible != nullptr && p.row_width[g] > 0 && !p.visible[e / p.row_width[g]]) continue;
     const float grad = p.grad[g][e];
     const float b1 = p.beta1[g], b2 = p.beta2[g];
@@ -46,14 +47,9 @@ __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamParams p) 
 
 cudaError_t launch_adam(const AdamParams& p, cudaStream_t stream) {
   if (p.groups <= 0) return cudaSuccess;
-  const int64_t total = p.end[p.groups - 1];
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  unsigned blocks = 0;
+  const cudaError_t err = end_to_end_blocks(p.end[p.groups - 1], kAdamThreads, blocks);
   if (err != cudaSuccess) return err;
-  const int64_t wanted = (total + kAdamThreads - 1) / kAdamThreads;
-  const int64_t most = static_cast<int64_t>(sms) * 8;  // a grid-stride loop past that
-  const unsigned blocks = static_cast<unsigned>(wanted < 1 ? 1 : (wanted < most ? wanted : most));
   adam_kernel<<<blocks, kAdamThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
