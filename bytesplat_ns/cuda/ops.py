@@ -308,8 +308,8 @@ class _FusedLoss(torch.autograd.Function):
                 "once per forward (no retain_graph), or build the loss in torch over ops.rasterize_pixels."
             )
         (v_means2d, v_abs, *grads), ctx.grads = ctx.grads, None
-        scale = v_loss.detach().to(torch.float32).reshape(1).contiguous()
-        ext().scale_grads([v_means2d, *grads], [v_abs] if ctx.absgrad else [], scale)
+        # v_loss: [] float32 on the loss's device (autograd casts it to the loss's dtype), read by the kernel as is
+        ext().scale_grads([v_means2d, *grads], [v_abs] if ctx.absgrad else [], v_loss)
         if ctx.absgrad:
             _set_absgrad(means2d, v_abs)
         grads = [g.reshape(shape) for g, shape in zip(grads, ctx.shapes)]

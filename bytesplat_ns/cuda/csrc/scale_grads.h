@@ -19,7 +19,7 @@ struct ScaleParams {
   int64_t end[kMaxScaledBuffers];      // elements of buffers 0..b together
   bool magnitude[kMaxScaledBuffers];   // scaled by |scale| instead of scale
   int buffers;
-  const float* scale;                  // [1]
+  const float* scale;                  // one value
 };
 
 cudaError_t launch_scale_grads(const ScaleParams& p, cudaStream_t stream);
@@ -31,8 +31,8 @@ cudaError_t launch_scale_grads(const ScaleParams& p, cudaStream_t stream);
 
 namespace bytesplat {
 
-// grads *= scale and magnitudes *= |scale|, in place: float32 contiguous tensors on scale's device; scale [1]
-// float32. Up to kMaxScaledBuffers tensors in all.
+// grads *= scale and magnitudes *= |scale|, in place: float32 contiguous tensors on scale's device; scale one
+// float32 value ([] or [1]). Up to kMaxScaledBuffers tensors in all.
 void scale_grads(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& magnitudes,
                  const at::Tensor& scale);
 
