@@ -40,6 +40,7 @@ then runs every step eagerly). --cuda-graph False turns it off.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -188,6 +189,11 @@ class StepGraph:
         model_bins, self.model.bins = self.model.bins, self.bins
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream())
+        # Python's cycle collector runs at any allocation; inside the recording it could free garbage that holds
+        # CUDA resources (an old trainer's graph) with CUDA calls a capturing thread may not make. A destructor
+        # cannot raise, so the recording would fail later, at an unrelated op: no automatic collection meanwhile.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with torch.cuda.stream(self.stream):
                 graph.capture_begin(pool=old.pool() if old is not None else None, capture_error_mode="thread_local")
@@ -202,6 +208,8 @@ class StepGraph:
             ) from error
         finally:
             self.model.bins = model_bins
+            if collecting:
+                gc.enable()
         torch.cuda.current_stream().wait_stream(self.stream)
         if old is not None:
             old.reset()  # never replayed again: the new graph has taken over its pool

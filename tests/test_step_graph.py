@@ -3,6 +3,8 @@ recorded again when densification changes the splats, and keeps the non-finite g
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
@@ -167,3 +169,27 @@ def test_a_random_background_is_drawn_anew_in_every_replay(tmp_path):
     replayed = seen[-8:]  # steps 4-11: one recording, replayed
     assert all(not torch.equal(a, b) for a, b in zip(replayed, replayed[1:]))
     assert all(((0 <= c) & (c <= 1)).all() for c in replayed)
+
+
+@gpu
+def test_no_garbage_collection_starts_while_the_step_is_recorded(tmp_path):
+    """Python's cycle collector may free garbage that holds CUDA resources (an earlier trainer's graph) with calls
+    a recording thread may not make, failing the recording later at an unrelated op: with collections made
+    frequent, none starts inside a recording, and the step records and replays."""
+    trainer = _gpu_trainer(tmp_path, 12, True, warmup_length=1000)
+    during: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start" and torch.cuda.is_current_stream_capturing():
+            during.append(info["generation"])
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(20, 2, 2)
+    gc.callbacks.append(watch)
+    try:
+        trainer.train()
+    finally:
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*thresholds)
+    assert trainer.step_graph.captures >= 1 and trainer.step_graph.replays >= 8, trainer.step_graph.summary()
+    assert during == [], f"{len(during)} collections started while recording"
