@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene, main
@@ -30,11 +31,18 @@ def _all_files(root: Path) -> dict:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _parse(scene_dir: Path, split: str):
-    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+PARSERS = ("nerfstudio-data", "bytesplat-data")
 
-    config = NerfstudioDataParserConfig(data=scene_dir, load_3D_points=True)
-    return config.setup().get_dataparser_outputs(split)
+
+def _parse(scene_dir: Path, split: str, parser: str):
+    """`parser`: nerfstudio's own (reads the point cloud with open3d) or bytesplat's (plyfile, what ns-train
+    bytesplat uses)."""
+    if parser == "nerfstudio-data":
+        pytest.importorskip("open3d", reason="nerfstudio's own parser reads the point cloud with open3d")
+        from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig as Config
+    else:
+        from bytesplat_ns.dataparser import ByteSplatDataParserConfig as Config
+    return Config(data=scene_dir, load_3D_points=True).setup().get_dataparser_outputs(split)
 
 
 def test_layout(scene_dir: Path) -> None:
@@ -73,8 +81,9 @@ def test_images_are_rgba_with_coverage(scene_dir: Path) -> None:
         assert (alpha == 255).any(), f"{path.name} has no opaque object pixels"
 
 
-def test_nerfstudio_loads_splits(scene_dir: Path) -> None:
-    outputs = {split: _parse(scene_dir, split) for split in SPLITS}
+@pytest.mark.parametrize("parser", PARSERS)
+def test_nerfstudio_loads_splits(scene_dir: Path, parser: str) -> None:
+    outputs = {split: _parse(scene_dir, split, parser) for split in SPLITS}
     expected = {"train": NUM_TRAIN, "val": NUM_EVAL, "test": NUM_EVAL}
     for split, out in outputs.items():
         assert len(out.image_filenames) == expected[split]
@@ -92,8 +101,9 @@ def test_nerfstudio_loads_splits(scene_dir: Path) -> None:
     assert float((eval_origins[:, None] - train_origins[None]).norm(dim=-1).min()) > 1e-3
 
 
-def test_point_cloud(scene_dir: Path) -> None:
-    out = _parse(scene_dir, "train")
+@pytest.mark.parametrize("parser", PARSERS)
+def test_point_cloud(scene_dir: Path, parser: str) -> None:
+    out = _parse(scene_dir, "train", parser)
     xyz, rgb = out.metadata["points3D_xyz"], out.metadata["points3D_rgb"]
     assert tuple(xyz.shape) == (NUM_POINTS, 3)
     assert tuple(rgb.shape) == (NUM_POINTS, 3)
@@ -102,6 +112,12 @@ def test_point_cloud(scene_dir: Path) -> None:
     assert int(rgb.min()) < 255, "point colours are all white"
     aabb = out.scene_box.aabb  # [2, 3]
     assert bool(((xyz >= aabb[0]) & (xyz <= aabb[1])).all()), "points fall outside the scene box"
+
+
+def test_both_parsers_read_the_same_points(scene_dir: Path) -> None:
+    ours, theirs = (_parse(scene_dir, "train", parser).metadata for parser in ("bytesplat-data", "nerfstudio-data"))
+    assert torch.allclose(ours["points3D_xyz"], theirs["points3D_xyz"], atol=1e-6)
+    assert torch.equal(ours["points3D_rgb"], theirs["points3D_rgb"])
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
