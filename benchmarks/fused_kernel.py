@@ -29,6 +29,7 @@ import functools
 import io
 import json
 import math
+import operator
 import os
 import statistics
 import subprocess
@@ -224,6 +225,11 @@ def ncu_step(scene: str, variant: str, lego_ckpt: str | None, tile_size: int | N
     }
 
 
+def step_speedup(scenes: dict, variant: str) -> dict:
+    """{scene: gsplat's step time over `variant`'s} (the CUDA-event medians)."""
+    return {n: r["ms"]["gsplat"] / r["ms"][variant] for n, r in scenes.items()}
+
+
 def ncu_ratio(scenes: dict, key: str, f, variant: str = "fused_l1") -> dict | None:
     """{scene: f(gsplat's value, `variant`'s)} of an ncu figure (`key`) over the scenes where ncu gave both."""
     return {
@@ -297,16 +303,16 @@ def main() -> None:
         del bench
         torch.cuda.empty_cache()
 
-    rows = results["scenes"].values()
-    speedup = lambda v: {n: r["ms"]["gsplat"] / r["ms"][v] for n, r in results["scenes"].items()}  # noqa: E731
-    results["speedup_vs_gsplat"] = speedup("fused_l1")
-    results["speedup_vs_gsplat_pruned"] = speedup("fused_l1_pruned")
-    results["speedup_autograd_vs_gsplat"] = speedup("fused_autograd")
-    results["ssim_cost_ms"] = {n: r["ms"]["fused_ssim"] - r["ms"]["fused_l1"] for n, r in results["scenes"].items()}
-    results["dram_bytes_reduction"] = ncu_ratio(results["scenes"], "dram_bytes", lambda gs, fu: 1.0 - fu / gs)
-    results["kernel_speedup_vs_gsplat"] = ncu_ratio(results["scenes"], "raster_kernel_ms", lambda gs, fu: gs / fu)
+    scenes = results["scenes"]
+    rows = scenes.values()
+    results["speedup_vs_gsplat"] = step_speedup(scenes, "fused_l1")
+    results["speedup_vs_gsplat_pruned"] = step_speedup(scenes, "fused_l1_pruned")
+    results["speedup_autograd_vs_gsplat"] = step_speedup(scenes, "fused_autograd")
+    results["ssim_cost_ms"] = {n: r["ms"]["fused_ssim"] - r["ms"]["fused_l1"] for n, r in scenes.items()}
+    results["dram_bytes_reduction"] = ncu_ratio(scenes, "dram_bytes", lambda gs, fu: 1.0 - fu / gs)
+    results["kernel_speedup_vs_gsplat"] = ncu_ratio(scenes, "raster_kernel_ms", operator.truediv)
     results["kernel_speedup_vs_gsplat_pruned"] = ncu_ratio(
-        results["scenes"], "raster_kernel_ms", lambda gs, fu: gs / fu, variant="fused_l1_pruned"
+        scenes, "raster_kernel_ms", operator.truediv, "fused_l1_pruned"
     )
     results["max_abs_err_image"] = max(r["max_abs_err_image"] for r in rows)
     results["max_rel_err_grad"] = max(r["max_rel_err_grad"] for r in rows)
