@@ -5,7 +5,8 @@ reaches splatfacto's 7000-step PSNR, against splatfacto's launch-to-end time, on
    launch to the end of training, and its PSNR;
 2. the target: splatfacto's PSNR over seeds, from --target-json (a quality_seeds.py JSON with a splatfacto lane,
    e.g. of the same call; mean, median and best of its seeds) or else the run of step 1 alone;
-3. bytesplat trains alone for --steps steps for each of --seeds, keeping a checkpoint every --save-every steps
+3. bytesplat trains alone for --bytesplat-steps steps (default --steps) for each of --seeds, keeping a checkpoint
+   every --save-every steps
    (the trainer stamps the wall-clock time each save began: RunStats.saved_unix); afterwards every checkpoint from
    --from-step on is scored on the test split in this process (nerfstudio's eval_setup once, then each
    checkpoint's pipeline state; the metrics ns-eval reports);
@@ -32,13 +33,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality_seeds import Run, record, start, start_eval  # noqa: E402
 
 
-def train(method: str, seed: int, args: argparse.Namespace, save_every: int | None = None) -> tuple[Run, float]:
-    """Train alone on GPU 0; -> the run and its launch time (time.time())."""
+def train(method: str, seed: int, args: argparse.Namespace, steps: int, save_every: int | None = None,
+          ) -> tuple[Run, float]:  # fmt: skip
+    """Train alone on GPU 0 for `steps` steps; -> the run and its launch time (time.time())."""
     name = f"{method}-ttt"
     options = ["--summary-eval", "False"] if method == "bytesplat" else []
     run = Run(name, seed, method, [0], options, args.out / f"{name}-{seed}.log")
     launched = time.time()
-    start(run, args.steps, args.data, args.out, save_every=save_every)
+    start(run, steps, args.data, args.out, save_every=save_every)
     if run.process.wait() != 0:
         raise SystemExit(f"{method} seed {seed}: ns-train failed; see {run.log}")
     return run, launched
@@ -82,7 +84,14 @@ def targets(splatfacto_psnr: float, target_json: Path | None) -> dict[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
-    parser.add_argument("--steps", type=int, default=7000)
+    parser.add_argument("--steps", type=int, default=7000, help="splatfacto's steps: the target's step count")
+    parser.add_argument(
+        "--bytesplat-steps",
+        type=int,
+        default=None,
+        help="bytesplat's steps (default --steps); more let a seed below a target at --steps go on "
+        "towards it, timed from launch all the same (the schedules do not depend on it)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="bytesplat runs")
     parser.add_argument("--splatfacto-seed", type=int, default=42)
     parser.add_argument("--target-json", type=Path, default=None, help="quality_seeds.py JSON with splatfacto runs")
@@ -94,7 +103,8 @@ def main() -> None:
 
     import torch
 
-    base, launched = train("splatfacto", args.splatfacto_seed, args)
+    bytesplat_steps = args.bytesplat_steps or args.steps
+    base, launched = train("splatfacto", args.splatfacto_seed, args, args.steps)
     base_s = time.time() - launched
     start_eval(base)
     base.process.wait()
@@ -102,7 +112,7 @@ def main() -> None:
     goal = targets(splatfacto["psnr"], args.target_json)
     runs = []
     for seed in args.seeds:
-        run, launched = train("bytesplat", seed, args, save_every=args.save_every)
+        run, launched = train("bytesplat", seed, args, bytesplat_steps, save_every=args.save_every)
         stats = json.loads((run.folder / "bytesplat_stats.json").read_text())
         saved = {int(step): at - launched for step, at in stats["saved_unix"].items()}
         scores = score_checkpoints(run, args.from_step)
@@ -114,21 +124,27 @@ def main() -> None:
                 "step": first["step"], "wall_s": first["wall_s"], "speedup": base_s / first["wall_s"]}  # fmt: skip
         runs.append({"seed": seed, "startup_s": stats["first_step_unix"] - launched, "curve": curve,
                      "reached": reached})  # fmt: skip
-    report = {"gpu": torch.cuda.get_device_name(0), "steps": args.steps, "splatfacto": splatfacto, "targets": goal,
+    report = {"gpu": torch.cuda.get_device_name(0), "steps": args.steps, "bytesplat_steps": bytesplat_steps,
+              "splatfacto": splatfacto, "targets": goal,
               "target_json": str(args.target_json) if args.target_json else None, "bytesplat": runs}  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
 
     print(f"\nsplatfacto seed {args.splatfacto_seed}: {splatfacto['psnr']:.2f} dB, {base_s:.1f} s launch to end")
     print("targets: " + ", ".join(f"{name} {psnr:.2f} dB" for name, psnr in goal.items()))
-    print(f"{'seed':>4} {'start s':>7} {'7k PSNR':>7} " + " ".join(f"{name + ' (s, x)':>18}" for name in goal))
+    at_steps = f"{args.steps // 1000}k PSNR" if args.steps % 1000 == 0 else f"{args.steps} PSNR"
+    print(
+        f"{'seed':>4} {'start s':>7} {at_steps:>8} {'end PSNR':>8} "
+        + " ".join(f"{name + ' (s, x)':>18}" for name in goal)
+    )
     for r in runs:
+        there = next((point["psnr"] for point in r["curve"] if point["step"] >= args.steps - 1), float("nan"))
         cells = []
         for name in goal:
             hit = r["reached"][name]
             cells.append(f"{'not reached':>18}" if hit is None else
                          f"{hit['step']:>5} {hit['wall_s']:5.1f} s {hit['speedup']:4.2f}x")  # fmt: skip
-        print(f"{r['seed']:>4} {r['startup_s']:7.1f} {r['curve'][-1]['psnr']:7.2f} " + " ".join(cells))
+        print(f"{r['seed']:>4} {r['startup_s']:7.1f} {there:8.2f} {r['curve'][-1]['psnr']:8.2f} " + " ".join(cells))
 
 
 if __name__ == "__main__":
