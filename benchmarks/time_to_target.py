@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality_seeds import Run, record, start, start_eval  # noqa: E402
 
 
-def train(method: str, seed: int, args: argparse.Namespace, steps: int, save_every: int | None = None,
-          ) -> tuple[Run, float]:  # fmt: skip
+def train(
+    method: str, seed: int, steps: int, args: argparse.Namespace, save_every: int | None = None
+) -> tuple[Run, float]:
     """Train alone on GPU 0 for `steps` steps; -> the run and its launch time (time.time())."""
     name = f"{method}-ttt"
     options = ["--summary-eval", "False"] if method == "bytesplat" else []
@@ -104,7 +105,7 @@ def main() -> None:
     import torch
 
     bytesplat_steps = args.bytesplat_steps or args.steps
-    base, launched = train("splatfacto", args.splatfacto_seed, args, args.steps)
+    base, launched = train("splatfacto", args.splatfacto_seed, args.steps, args)
     base_s = time.time() - launched
     start_eval(base)
     base.process.wait()
@@ -112,7 +113,7 @@ def main() -> None:
     goal = targets(splatfacto["psnr"], args.target_json)
     runs = []
     for seed in args.seeds:
-        run, launched = train("bytesplat", seed, args, bytesplat_steps, save_every=args.save_every)
+        run, launched = train("bytesplat", seed, bytesplat_steps, args, save_every=args.save_every)
         stats = json.loads((run.folder / "bytesplat_stats.json").read_text())
         saved = {int(step): at - launched for step, at in stats["saved_unix"].items()}
         scores = score_checkpoints(run, args.from_step)
@@ -132,11 +133,8 @@ def main() -> None:
 
     print(f"\nsplatfacto seed {args.splatfacto_seed}: {splatfacto['psnr']:.2f} dB, {base_s:.1f} s launch to end")
     print("targets: " + ", ".join(f"{name} {psnr:.2f} dB" for name, psnr in goal.items()))
-    at_steps = f"{args.steps // 1000}k PSNR" if args.steps % 1000 == 0 else f"{args.steps} PSNR"
-    print(
-        f"{'seed':>4} {'start s':>7} {at_steps:>8} {'end PSNR':>8} "
-        + " ".join(f"{name + ' (s, x)':>18}" for name in goal)
-    )
+    at_steps = f"PSNR@{args.steps}"
+    print(f"{'seed':>4} {'start s':>7} {at_steps:>9} {'end PSNR':>8} " + " ".join(f"{n + ' (s, x)':>18}" for n in goal))
     for r in runs:
         there = next((point["psnr"] for point in r["curve"] if point["step"] >= args.steps - 1), float("nan"))
         cells = []
@@ -144,7 +142,7 @@ def main() -> None:
             hit = r["reached"][name]
             cells.append(f"{'not reached':>18}" if hit is None else
                          f"{hit['step']:>5} {hit['wall_s']:5.1f} s {hit['speedup']:4.2f}x")  # fmt: skip
-        print(f"{r['seed']:>4} {r['startup_s']:7.1f} {there:8.2f} {r['curve'][-1]['psnr']:8.2f} " + " ".join(cells))
+        print(f"{r['seed']:>4} {r['startup_s']:7.1f} {there:9.2f} {r['curve'][-1]['psnr']:8.2f} " + " ".join(cells))
 
 
 if __name__ == "__main__":

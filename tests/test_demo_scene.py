@@ -82,7 +82,7 @@ def test_images_are_rgba_with_coverage(scene_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("parser", PARSERS)
-def test_nerfstudio_loads_splits(scene_dir: Path, parser: str) -> None:
+def test_parsers_load_splits(scene_dir: Path, parser: str) -> None:
     outputs = {split: _parse(scene_dir, split, parser) for split in SPLITS}
     expected = {"train": NUM_TRAIN, "val": NUM_EVAL, "test": NUM_EVAL}
     for split, out in outputs.items():
