@@ -77,8 +77,8 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     prune_on_chip: bool = False
     """With the fused renderer (auto on CUDA): a tile with more splats than fit in on-chip memory keeps those that
     contribute most there (shared-memory-aware pruning) instead of compositing long tiles in chunks. Off: on lego
-    (7000 steps, H200, seeds 42-44) it kept held-out PSNR (+0.03 dB mean against the same runs without it) but
-    saved no step time (benchmarks/RESULTS.md, seventh session)."""
+    (7000 steps, H200) it keeps held-out PSNR (+0.11 dB mean over seeds 42-47 against the same runs without it,
+    twenty-first session) but saved no step time (seventh session; benchmarks/RESULTS.md)."""
 
 
 class SplatOutOfMemoryError(RuntimeError):

@@ -65,5 +65,8 @@ bytesplat = MethodSpecification(
         viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
         vis="viewer",
     ),
-    description="ByteSplat Gaussian Splatting: splatfacto's recipe, renderers torch (reference) or gsplat.",
+    description=(
+        "ByteSplat Gaussian Splatting: splatfacto's recipe on fused CUDA kernels (renderers fused, gsplat, torch), "
+        "one GPU or many (--machine.num-devices N)."
+    ),
 )
