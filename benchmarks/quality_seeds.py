@@ -83,12 +83,14 @@ def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blende
     """Start ns-train for `run`: a checkpoint at the end (and every `save_every` views, all kept, if given)."""
     # bytesplat reads --max-num-iterations (and --steps-per-save) as views: views / N steps on N GPUs
     keep_all = ["--save-only-latest-checkpoint", "False"] if save_every else []
+    # a lane's options may end with the dataparser and its own options (e.g. "blender-data --alpha-color None")
+    cut = run.args.index(dataparser) if dataparser in run.args else len(run.args)
     cmd = [
         sys.executable, OFFLINE, "ns-train", run.method, "--data", str(data), "--max-num-iterations", str(views),
         "--machine.seed", str(run.seed), "--vis", "tensorboard", "--steps-per-eval-image", "0",
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(save_every or views), *keep_all,
-        "--output-dir", str(out / "runs"), "--experiment-name", run.lane, "--timestamp", str(run.seed), *run.args,
-        "--pipeline.model.background-color", "white", dataparser,
+        "--output-dir", str(out / "runs"), "--experiment-name", run.lane, "--timestamp", str(run.seed),
+        *run.args[:cut], "--pipeline.model.background-color", "white", *(run.args[cut:] or [dataparser]),
     ]  # fmt: skip
     env = {**_env(run.gpus), "TORCHDYNAMO_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
     run.log.parent.mkdir(parents=True, exist_ok=True)

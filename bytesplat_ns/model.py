@@ -79,6 +79,11 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     contribute most there (shared-memory-aware pruning) instead of compositing long tiles in chunks. Off: on lego
     (7000 steps, H200) it keeps held-out PSNR (+0.11 dB mean over seeds 42-47 against the same runs without it,
     twenty-first session) but saved no step time (seventh session; benchmarks/RESULTS.md)."""
+    random_background_in_training: bool = False
+    """Composite each training view's render and ground truth over a new random colour every step, while
+    evaluation, the viewer and renders keep --pipeline.model.background-color. Needs images with an alpha channel
+    (for blender scenes: `blender-data --alpha-color None`). On a white background a white splat in empty space
+    costs nothing in the training views and can veil a test view; on random colours it costs loss."""
 
 
 class SplatOutOfMemoryError(RuntimeError):
@@ -310,6 +315,12 @@ class ByteSplatModel(SplatfactoModel):
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
 
+    def _get_background_color(self) -> Tensor:
+        """[3] splatfacto's background; a random colour in training with random_background_in_training."""
+        if self.training and self.config.random_background_in_training:
+            return torch.rand(3, device=self.device)
+        return super()._get_background_color()
+
     def renderer(self) -> str:
         """The configured renderer, auto resolved for the splats' device."""
         return resolve_backend("auto", self.means.device) if self.config.renderer == "auto" else self.config.renderer
@@ -357,6 +368,12 @@ class ByteSplatModel(SplatfactoModel):
         """The ground truth at the current resolution, composited over the background [H, W, 3] (once per batch)."""
         if "bytesplat_target" not in batch:
             image = self.get_gt_img(batch["image"])
+            if self.training and self.config.random_background_in_training and image.shape[-1] != 4:
+                raise ValueError(
+                    "--pipeline.model.random-background-in-training True needs images with an alpha channel, but "
+                    f"this training image has {image.shape[-1]} channels. Keep the alpha channel (blender scenes: "
+                    "end the command with `blender-data --alpha-color None`), or drop the option."
+                )
             batch["bytesplat_target"] = self.composite_with_background(image, background)
         return batch["bytesplat_target"]
 
