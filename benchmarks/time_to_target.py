@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from quality_seeds import Run, record, start, start_eval  # noqa: E402
+from step_time import startup_phases  # noqa: E402
 
 
 def train(
@@ -123,7 +124,8 @@ def main() -> None:
             first = next((point for point in curve if point["psnr"] >= psnr), None)
             reached[name] = None if first is None else {
                 "step": first["step"], "wall_s": first["wall_s"], "speedup": base_s / first["wall_s"]}  # fmt: skip
-        runs.append({"seed": seed, "startup_s": stats["first_step_unix"] - launched, "curve": curve,
+        runs.append({"seed": seed, "startup_s": stats["first_step_unix"] - launched,
+                     "startup_phases_s": startup_phases(launched, stats), "curve": curve,
                      "reached": reached})  # fmt: skip
     report = {"gpu": torch.cuda.get_device_name(0), "steps": args.steps, "bytesplat_steps": bytesplat_steps,
               "splatfacto": splatfacto, "targets": goal,
