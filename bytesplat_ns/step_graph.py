@@ -19,7 +19,7 @@ takes another loss path (masks), and the first step of any new configuration (la
 shape's first use cannot happen inside a recording). The next step records the graph and replays it.
 Everything recorded must run on the recording stream: gsplat 1.4.0's SH kernels launch on the legacy default
 stream, which a graph does not record (they would run once, at recording, and leave their output stale), so
-while recording the fused renderer evaluates SH with render/sh.py instead; the ground truth's downscale avoids
+the fused renderer evaluates SH with its own kernels (csrc/sh.h); the ground truth's downscale avoids
 cuDNN for the same kind of reason (model.py). tests/test_step_graph.py holds a replayed step to the same step run
 op by op.
 

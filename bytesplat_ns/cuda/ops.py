@@ -368,6 +368,32 @@ class _SSIM(torch.autograd.Function):
         return None, ext().ssim_backward(x, y, dmaps, v_ssim, 1.0 / ctx.count, ctx.poison), None
 
 
+def sh_colors(
+    degree: int,
+    coeffs: Tensor,  # [N, K, 3] float32, K >= (degree + 1) ** 2
+    dirs: Tensor,  # [N, 3] float32, any length (splat centre minus camera position)
+    poison: bool = False,
+) -> Tensor:
+    """render/sh.py's sh_to_rgb in one launch forward and one backward (csrc/sh.h), on the current stream, so a
+    CUDA graph records it. -> [N, 3]"""
+    return _ShColors.apply(degree, coeffs, dirs, poison)
+
+
+class _ShColors(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, degree, coeffs, dirs, poison):
+        coeffs, dirs = coeffs.detach().contiguous(), dirs.detach().contiguous()
+        ctx.save_for_backward(coeffs, dirs)
+        ctx.degree, ctx.poison = degree, poison
+        return ext().sh_forward(degree, coeffs, dirs, poison)
+
+    @staticmethod
+    def backward(ctx, v_rgb):
+        coeffs, dirs = ctx.saved_tensors
+        v_coeffs, v_dirs = ext().sh_backward(ctx.degree, coeffs, dirs, v_rgb.contiguous(), ctx.poison)
+        return None, v_coeffs, v_dirs, None
+
+
 def adam_step(
     params: list[Tensor],  # one per group, float32 contiguous; updated in place
     grads: list[Tensor],  # shaped as params

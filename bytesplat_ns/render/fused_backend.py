@@ -1,6 +1,7 @@
-"""The `fused` renderer backend: gsplat 1.4.0's projection and SH (ours, render/sh.py, while a CUDA graph records),
-then our own kernels (bytesplat_ns/cuda/csrc) for tile binning (gsplat's entries and order, without its host
-sync: csrc/bin_tiles.h, render/bin_capacity.py), compositing and its backward pass.
+"""The `fused` renderer backend: gsplat 1.4.0's projection, then our own kernels (bytesplat_ns/cuda/csrc) for SH
+colours (csrc/sh.h: render/sh.py's reference in one launch each way, which a CUDA graph records), tile binning
+(gsplat's entries and order, without its host sync: csrc/bin_tiles.h, render/bin_capacity.py), compositing and
+its backward pass.
 
 Two ways in:
   * `rasterize_fused(splats, camera, opts)`: the `rasterize()` interface, under ordinary autograd. Forward is a
@@ -20,7 +21,7 @@ Two ways in:
         the step costs one extra compositing pass, one image round trip and the SSIM pass; benchmarks/
         fused_kernel.py measures it ("fused_ssim" against "fused_l1").
     It returns the loss as a tensor whose backward hands out the gradients already computed (scaled), so
-    `loss.backward()` in the trainer reaches the splat parameters through gsplat's projection and SH.
+    `loss.backward()` in the trainer reaches the splat parameters through gsplat's projection and our SH.
 
 Tiles: 16x16 pixels, or 8x8 when the image has fewer 16-pixel tiles than two waves of blocks (`ops.tile_size_for`:
 then more, shorter tile lists keep every SM busy). The side depends on the image size only; RasterizeOptions.tile_size
@@ -45,7 +46,6 @@ from torch import Tensor
 
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.render.bin_capacity import EXACT
-from bytesplat_ns.render.sh import sh_to_rgb
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats, strategy_info
 from bytesplat_ns.ssim import SSIMTerm
 
@@ -80,7 +80,7 @@ class FusedLossOutputs:
 
 @dataclass
 class Prepared:
-    """One camera's splats after gsplat's projection, SH and binning (and our pruning)."""
+    """One camera's splats after gsplat's projection, our SH and binning (and our pruning)."""
 
     means2d: Tensor  # [1, N, 2]
     conics: Tensor  # [1, N, 3]
@@ -92,10 +92,11 @@ class Prepared:
 
 
 def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_depth: bool) -> Prepared:
-    """Projection and SH through gsplat's kernels, called as gsplat's `rasterization()` calls them; then our tile
-    binning on tiles of `ops.tile_size_for` the image size (16 or 8 pixels; opts.tile_size is gsplat's, unused
-    here), into a buffer sized by `opts.bins` (no host sync) or exactly."""
-    from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
+    """Projection through gsplat's kernel, called as gsplat's `rasterization()` calls it; SH colours through ours
+    (`ops.sh_colors`: gsplat's values, +0.5 and clamped at 0); then our tile binning on tiles of
+    `ops.tile_size_for` the image size (16 or 8 pixels; opts.tile_size is gsplat's, unused here), into a buffer
+    sized by `opts.bins` (no host sync) or exactly."""
+    from gsplat.cuda._wrapper import fully_fused_projection
 
     viewmats, Ks = camera.viewmat[None], camera.K[None]  # [1, 4, 4], [1, 3, 3]
     radii, means2d, depths, conics, _ = fully_fused_projection(
@@ -105,13 +106,9 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
     )  # fmt: skip
     if opts.sh_degree is None:
         colors = splats.colors[None]  # [1, N, 3]
-    elif torch.cuda.is_current_stream_capturing():  # gsplat's SH kernels launch on the legacy default stream,
-        # which a CUDA graph (step_graph.py) does not record: they would run once, at recording, and never again
-        colors = sh_to_rgb(opts.sh_degree, splats.colors, splats.means - camera.position)[None]  # [1, N, 3]
-    else:
-        dirs = splats.means[None] - camera.position  # [1, N, 3]
-        colors = spherical_harmonics(opts.sh_degree, dirs, splats.colors[None], masks=radii > 0)
-        colors = torch.clamp_min(colors + 0.5, 0.0)  # [1, N, 3]
+    else:  # ours, not gsplat's SH kernels: those launch on the legacy default stream, which a CUDA graph
+        # (step_graph.py) does not record (they would run once, at recording, and never again)
+        colors = ops.sh_colors(opts.sh_degree, splats.colors, splats.means - camera.position)[None]  # [1, N, 3]
     if with_depth:
         colors = torch.cat([colors, depths[..., None]], dim=-1)  # [1, N, 4]
     opacities = splats.opacities[None]  # [1, N]

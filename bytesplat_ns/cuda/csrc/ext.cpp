@@ -6,11 +6,12 @@
 #include "rasterize_forward.h"
 #include "rasterize_fused.h"
 #include "scale_grads.h"
+#include "sh.h"
 #include "sparse_rows.h"
 #include "ssim.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows, SSIM, Adam, gradient scaling";
+  m.doc() = "bytesplat kernels: fused rasterizer, exchange rows, SSIM, SH, Adam, gradient scaling";
   m.def("bin_tiles", &bytesplat::bin_tiles, "Tile binning into buffers of a given capacity, no host sync");
   m.def("tile_ranges", &bytesplat::tile_ranges, "Tile list ends, with on-chip pruning of overflowing tiles");
   m.def("rasterize_forward", &bytesplat::rasterize_forward, "Forward compositing per 16x16 or 8x8 tile");
@@ -23,5 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ssim_forward", &bytesplat::ssim_forward, "SSIM per block and its derivatives w.r.t. the moments of y");
   m.def("ssim_backward", &bytesplat::ssim_backward, "dSSIM/dy from the forward's derivative maps");
   m.def("scale_grads", &bytesplat::scale_grads, "Gradients times a device scalar in place, in one launch; nothing done when it is 1");
+  m.def("sh_forward", &bytesplat::sh_forward, "Colour from spherical harmonics per splat (degrees 0-3), one launch");
+  m.def("sh_backward", &bytesplat::sh_backward, "dL/dcoeffs and dL/ddirs of sh_forward, one launch");
   m.def("adam_step", &bytesplat::adam_step, "Adam over every parameter group in one launch");
 }

@@ -1,0 +1,133 @@
+// Spherical-harmonic colour per splat, forward and backward: see sh.h. The bases are render/sh.py's sh_basis.
+#include "sh.h"
+
+namespace bytesplat {
+namespace {
+
+constexpr int kShThreads = 256;
+constexpr int kShBases = (kShMaxDegree + 1) * (kShMaxDegree + 1);
+constexpr float kNormMin = 1e-12f;  // render/sh.py: the direction's length clamped at this
+
+constexpr float kY0 = 0.28209479177387814f;
+constexpr float kY1 = 0.4886025119029199f;
+constexpr float kY2a = 1.0925484305920792f, kY2b = 0.31539156525252005f, kY2c = 0.5462742152960396f;
+constexpr float kY3a = 0.5900435899266435f, kY3b = 2.890611442640554f, kY3c = 0.4570457994644658f;
+constexpr float kY3d = 0.3731763325901154f, kY3e = 1.445305721320277f;
+
+// A splat's direction normalised: u = d / max(|d|, kNormMin); returns max(|d|, kNormMin).
+__device__ inline float unit(const float* d, float u[3]) {
+  const float length = fmaxf(sqrtf(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), kNormMin);
+  for (int a = 0; a < 3; ++a) u[a] = d[a] / length;
+  return length;
+}
+
+// The bases up to `degree` at the unit direction u; returns how many ((degree + 1)^2).
+__device__ inline int bases(int degree, const float u[3], float b[kShBases]) {
+  const float x = u[0], y = u[1], z = u[2];
+  b[0] = kY0;
+  if (degree < 1) return 1;
+  b[1] = -kY1 * y;
+  b[2] = kY1 * z;
+  b[3] = -kY1 * x;
+  if (degree < 2) return 4;
+  const float xx = x * x, yy = y * y, zz = z * z;
+  b[4] = kY2a * x * y;
+  b[5] = -kY2a * y * z;
+  b[6] = kY2b * (3.f * zz - 1.f);
+  b[7] = -kY2a * x * z;
+  b[8] = kY2c * (xx - yy);
+  if (degree < 3) return 9;
+  b[9] = -kY3a * y * (3.f * xx - yy);
+  b[10] = kY3b * x * y * z;
+  b[11] = -kY3c * y * (5.f * zz - 1.f);
+  b[12] = kY3d * z * (5.f * zz - 3.f);
+  b[13] = -kY3c * x * (5.f * zz - 1.f);
+  b[14] = kY3e * z * (xx - yy);
+  b[15] = -kY3a * x * (xx - 3.f * yy);
+  return 16;
+}
+
+// sum_k w[k] * d basis_k / du at the unit direction u (each basis a polynomial in x, y, z), into g[3].
+__device__ inline void bases_vjp(int degree, const float u[3], const float w[kShBases], float g[3]) {
+  const float x = u[0], y = u[1], z = u[2];
+  g[0] = g[1] = g[2] = 0.f;
+  if (degree < 1) return;
+  g[0] += -kY1 * w[3];
+  g[1] += -kY1 * w[1];
+  g[2] += kY1 * w[2];
+  if (degree < 2) return;
+  const float xx = x * x, yy = y * y, zz = z * z;
+  g[0] += kY2a * (y * w[4] - z * w[7]) + 2.f * kY2c * x * w[8];
+  g[1] += kY2a * (x * w[4] - z * w[5]) - 2.f * kY2c * y * w[8];
+  g[2] += -kY2a * (y * w[5] + x * w[7]) + 6.f * kY2b * z * w[6];
+  if (degree < 3) return;
+  g[0] += -6.f * kY3a * x * y * w[9] + kY3b * y * z * w[10] - kY3c * (5.f * zz - 1.f) * w[13] +
+          2.f * kY3e * x * z * w[14] - 3.f * kY3a * (xx - yy) * w[15];
+  g[1] += -3.f * kY3a * (xx - yy) * w[9] + kY3b * x * z * w[10] - kY3c * (5.f * zz - 1.f) * w[11] -
+          2.f * kY3e * y * z * w[14] + 6.f * kY3a * x * y * w[15];
+  g[2] += kY3b * x * y * w[10] - 10.f * kY3c * y * z * w[11] + kY3d * (15.f * zz - 3.f) * w[12] -
+          10.f * kY3c * x * z * w[13] + kY3e * (xx - yy) * w[14];
+}
+
+__global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p, float* __restrict__ rgb) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  float u[3], b[kShBases];
+  unit(p.dirs + 3 * i, u);
+  const int count = bases(p.degree, u, b);
+  const float* c = p.coeffs + i * p.k * 3;
+  for (int ch = 0; ch < 3; ++ch) {
+    float sum = 0.f;
+    for (int k = 0; k < count; ++k) sum += b[k] * c[3 * k + ch];
+    rgb[3 * i + ch] = fmaxf(sum + 0.5f, 0.f);
+  }
+}
+
+__global__ void __launch_bounds__(kShThreads)
+    sh_backward_kernel(const ShParams p, const float* __restrict__ v_rgb, float* __restrict__ v_coeffs,
+                       float* __restrict__ v_dirs) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  float u[3], b[kShBases];
+  const float length = unit(p.dirs + 3 * i, u);
+  const int count = bases(p.degree, u, b);
+  const float* c = p.coeffs + i * p.k * 3;
+  float g[3];  // dL/d(sum + 0.5) where the clamp passes it (torch's clamp_min: where the input is >= 0)
+  for (int ch = 0; ch < 3; ++ch) {
+    float sum = 0.f;
+    for (int k = 0; k < count; ++k) sum += b[k] * c[3 * k + ch];
+    g[ch] = sum + 0.5f >= 0.f ? v_rgb[3 * i + ch] : 0.f;
+  }
+  float w[kShBases];  // dL/d basis_k
+  float* vc = v_coeffs + i * p.k * 3;
+  for (int k = 0; k < p.k; ++k) {
+    const bool used = k < count;
+    for (int ch = 0; ch < 3; ++ch) vc[3 * k + ch] = used ? b[k] * g[ch] : 0.f;
+    if (used) w[k] = c[3 * k] * g[0] + c[3 * k + 1] * g[1] + c[3 * k + 2] * g[2];
+  }
+  float gu[3];
+  bases_vjp(p.degree, u, w, gu);
+  // u = d / max(|d|, min): du/dd = (I - u u^T) / |d| above the clamp, I / min below it
+  const bool clamped = length <= kNormMin;
+  const float along = clamped ? 0.f : u[0] * gu[0] + u[1] * gu[1] + u[2] * gu[2];
+  for (int a = 0; a < 3; ++a) v_dirs[3 * i + a] = (gu[a] - along * u[a]) / length;
+}
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kShThreads - 1) / kShThreads); }
+
+}  // namespace
+
+cudaError_t launch_sh_forward(const ShParams& p, float* rgb, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  sh_forward_kernel<<<blocks_for(p.n), kShThreads, 0, stream>>>(p, rgb);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_coeffs, float* v_dirs,
+                               cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  sh_backward_kernel<<<blocks_for(p.n), kShThreads, 0, stream>>>(p, v_rgb, v_coeffs, v_dirs);
+  return cudaGetLastError();
+}
+
+}  // namespace bytesplat
