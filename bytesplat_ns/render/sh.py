@@ -1,4 +1,5 @@
-"""Real spherical harmonics up to degree 3, in the sign convention of 3DGS and gsplat."""
+"""Real spherical harmonics up to degree 3, in the sign convention of 3DGS and gsplat: the torch renderer's SH, and
+the reference the fused renderer's SH kernels (cuda/csrc/sh.h) are tested against."""
 
 from __future__ import annotations
 
