@@ -10,11 +10,13 @@ runs unchanged (so a 1-GPU bytesplat run sees the cameras in splatfacto's order)
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 import torch.distributed as dist
+from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
 
 from bytesplat_ns.input_checks import BadInputError, check_dataparser_outputs
@@ -111,11 +113,30 @@ class ByteSplatDatamanager(FullImageDatamanager):
         return cache
 
     def next_train(self, step: int):
-        """nerfstudio's next training camera, plus its image size as Python ints in metadata["size"], so the
-        model needs no host sync to read it from the GPU copy of the camera."""
-        camera, data = super().next_train(step)
-        camera.metadata["size"] = self.train_sizes[camera.metadata["cam_idx"]]
+        """nerfstudio's next training camera and image, as FullImageDatamanager.next_train gives them (same order,
+        same values), plus the image size as Python ints in metadata["size"], so the model needs no host sync to
+        read it from the GPU copy of the camera. The one-camera Cameras comes from `camera_views` (nerfstudio
+        slices and copies train_cameras anew every step: some twenty small tensor ops, about 0.1 ms of host
+        time, benchmarks/RESULTS.md); the caller gets its own shallow copy and metadata, so reassigning a field
+        (rescale_output_resolution does) leaves the stored one as it was."""
+        image_idx = self.train_unseen_cameras.pop(0)
+        if not self.train_unseen_cameras:
+            self.train_unseen_cameras = self.sample_train_cameras()
+        data = dict(self.cached_train[image_idx])  # a copy: the cached dictionary is never changed
+        data["image"] = data["image"].to(self.device)
+        view = self.camera_views.get(image_idx)
+        if view is None:
+            view = self.camera_views[image_idx] = self.train_cameras[image_idx : image_idx + 1].to(self.device)
+        camera = copy.copy(view)
+        camera.metadata = {**(view.metadata or {}), "cam_idx": image_idx, "size": self.train_sizes[image_idx]}
         return camera, data
+
+    @cached_property
+    def camera_views(self) -> dict[int, Cameras]:
+        """Training camera index -> that camera alone ([1]-shaped Cameras on the training device), made on first
+        use."""
+        assert len(self.train_cameras.shape) == 1, "nerfstudio's training cameras have one batch dimension"
+        return {}
 
     @cached_property
     def train_sizes(self) -> list[tuple[int, int]]:
