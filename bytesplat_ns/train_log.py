@@ -6,14 +6,27 @@ ranks, behind the slowest rank). Instead the values of the step `late` steps bef
 at most steps-per-log) are copied to pinned host memory as that step ends (late_read.py), and the log step
 hands those floats to the writers: each logged point is the loss and metrics of a step shortly before the one
 it is logged at. The first log (step 0) is read directly.
+
+nerfstudio also hands its writers three timing scalars at every step ("Train Iter (time)", "Train Rays / Sec",
+"ETA (time)", each a running average over the last steps) and writes them out at once: for tensorboard, three
+protobuf records a step and a background writer thread that competes with the training loop for the
+interpreter. `LogStepWriter` passes those three on only at log steps, like every other training value; the
+console's running averages are unchanged (they never go through the writers). Measured in
+benchmarks/RESULTS.md (twenty-third session).
 """
 
 from __future__ import annotations
 
+import nerfstudio.configs.base_config  # noqa: F401  (before nerfstudio.utils.writer: they import each other)
 import torch
+from nerfstudio.utils import writer
 from torch import Tensor
 
 from bytesplat_ns.late_read import STEPS_LATE, LateQueue
+
+PER_STEP_TIMES = frozenset(e.value for e in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.TRAIN_RAYS_PER_SEC,
+                                             writer.EventName.ETA))  # fmt: skip
+"""The scalars nerfstudio's training loop puts at every step."""
 
 
 class LateLogValues:
@@ -49,3 +62,35 @@ def _floats(values: list[float], loss_dict: dict, metrics_dict: dict) -> tuple[f
 
 def _scalar(value: object) -> bool:
     return torch.is_tensor(value) and value.numel() == 1
+
+
+class LogStepWriter(writer.Writer):
+    """An event writer (tensorboard, wandb, comet) that gets the per-step timing scalars only at log steps (every
+    `steps_per_log`, step 0 included) and everything else as it comes."""
+
+    def __init__(self, inner: writer.Writer, steps_per_log: int) -> None:
+        self.inner, self.every = inner, steps_per_log
+
+    def write_scalar(self, name: str, scalar, step: int) -> None:
+        if name not in PER_STEP_TIMES or self.every <= 0 or step % self.every == 0:
+            self.inner.write_scalar(name, scalar, step)
+
+    def write_scalar_dict(self, name: str, scalar_dict: dict, step: int) -> None:
+        self.inner.write_scalar_dict(name, scalar_dict, step)
+
+    def write_image(self, name: str, image: Tensor, step: int) -> None:
+        self.inner.write_image(name, image, step)
+
+    def write_config(self, name: str, config_dict: dict, step: int) -> None:
+        self.inner.write_config(name, config_dict, step)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # the wrapped writer's own attributes (tb_writer, ...)
+
+
+def log_timing_at_log_steps(steps_per_log: int) -> None:
+    """Wrap nerfstudio's event writers (set up by its trainer) in LogStepWriter; the console writer stays."""
+    writer.EVENT_WRITERS[:] = [
+        w if isinstance(w, (writer.LocalWriter, LogStepWriter)) else LogStepWriter(w, steps_per_log)
+        for w in writer.EVENT_WRITERS
+    ]

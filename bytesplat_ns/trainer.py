@@ -50,7 +50,7 @@ from bytesplat_ns.run_control import RunControl
 from bytesplat_ns.run_stats import RunStats
 from bytesplat_ns.step_graph import StepGraph, detach_outputs, ineligible
 from bytesplat_ns.step_profile import StepProfiler
-from bytesplat_ns.train_log import LateLogValues
+from bytesplat_ns.train_log import LateLogValues, log_timing_at_log_steps
 from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
 
 
@@ -189,6 +189,7 @@ class ByteSplatTrainer(Trainer):
             _exit(str(error))
         self.guard = NonFiniteGuard(self.config.nonfinite_check_every)
         self.log_values = LateLogValues(self.config.logging.steps_per_log)
+        log_timing_at_log_steps(self.config.logging.steps_per_log)
         self.stats = RunStats(views_per_step=self.world_size, startup_unix=self.startup_marks)
         suffix = "" if self.is_main else f"_rank{self.rank}"
         base = self.config.get_base_dir()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import nerfstudio.configs.base_config  # noqa: F401  (before nerfstudio.utils.writer: they import each other)
 import pytest
 import torch
+from nerfstudio.utils import writer
 
-from bytesplat_ns.train_log import LateLogValues
+from bytesplat_ns.train_log import PER_STEP_TIMES, LateLogValues, LogStepWriter, log_timing_at_log_steps
 
 
 def _step(step: int):
@@ -34,3 +36,34 @@ def test_logging_off_leaves_everything_as_is():
     log = LateLogValues(steps_per_log=0)
     out = log(10, *_step(10))
     assert torch.is_tensor(out[0]) and out[2]["gaussian_count"] == 7
+
+
+class _Recorder(writer.Writer):
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, int]] = []
+
+    def write_scalar(self, name: str, scalar, step: int) -> None:
+        self.scalars.append((name, step))
+
+
+def test_timing_scalars_reach_the_event_writers_at_log_steps_only(monkeypatch):
+    recorder = _Recorder()
+    monkeypatch.setattr(writer, "EVENT_WRITERS", [recorder])
+    monkeypatch.setattr(writer, "EVENT_STORAGE", [])
+    monkeypatch.setattr(writer, "GLOBAL_BUFFER", {"max_buffer_size": 20, "max_iter": 100, "events": {}})
+    log_timing_at_log_steps(steps_per_log=10)
+    log_timing_at_log_steps(steps_per_log=10)  # a second trainer in the process: wrapped once
+    assert isinstance(writer.EVENT_WRITERS[0], LogStepWriter) and writer.EVENT_WRITERS[0].inner is recorder
+    for step in range(25):  # what nerfstudio's training loop does each step
+        writer.put_time(writer.EventName.ITER_TRAIN_TIME, 0.001, step=step, update_eta=True)
+        writer.put_time(writer.EventName.TRAIN_RAYS_PER_SEC, 1e6, step=step)
+        if step % 10 == 0:
+            writer.put_scalar("Train Loss", 0.5, step=step)
+        writer.put_scalar("Test PSNR", 30.0, step=step)  # any other scalar: every time it is put
+        writer.write_out_storage()
+    by_name = {name: [s for n, s in recorder.scalars if n == name] for name, _ in recorder.scalars}
+    for name in PER_STEP_TIMES:
+        assert by_name[name] == [0, 10, 20], name
+    assert by_name["Train Loss"] == [0, 10, 20]
+    assert by_name["Test PSNR"] == list(range(25))
+    assert len(writer.GLOBAL_BUFFER["events"]["Train Iter (time)"]["buffer"]) == 20  # the console's averages: all
