@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on the 1-GPU machine (after `source .device-kit/on-device.sh`; carry .build-cache), issue #6: build the
 # CUDA extension (device_build.sh), run GPU_TESTS, then, if TIME_TO_TARGET_ARGS is set, benchmarks/time_to_target.py
-# with those options, then benchmarks/step_time.py on lego (STEP_TIME_ARGS: its options, e.g. "--steps 7000";
-# "skip": not run). Files in $OUT: build.log, pytest.log, time_to_target.{log,json}, step_time.{log,json}; table last.
+# with those options, then, if VERSIONS_ARGS is set, benchmarks/versions_ab.py with those (earlier commits' step
+# time against this checkout's), then benchmarks/step_time.py on lego (STEP_TIME_ARGS: its options, e.g. "--steps
+# 7000"; "skip": not run). Files in $OUT: build.log, pytest.log, {time_to_target,versions_ab,step_time}.{log,json};
+# table last.
 # The lent machine sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so there every Python process
 # compiles the sources of torch, nerfstudio and the rest anew: ns-train's imports took 15-18 s against 8 s with the
 # bytecode kept (benchmarks/RESULTS.md, twelfth session). An installed Python environment keeps its bytecode, so
@@ -25,7 +27,7 @@ if [ -n "${GPU_TESTS-tests/test_step_graph.py}" ]; then
 fi
 status=0
 bench() {  # bench NAME ARGS...: benchmarks/NAME.py on lego; its log and JSON in $OUT; tracebacks, table
-  local name=$1 runs=/tmp/${1//_/-}; shift  # runs: /tmp/step-time, /tmp/time-to-target
+  local name=$1 runs=/tmp/${1//_/-}; shift  # runs: /tmp/step-time, /tmp/time-to-target, /tmp/versions-ab
   python3 "benchmarks/$name.py" --data .device-kit/data/lego --out "$runs" --json "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1 || status=1
   grep -h -B2 -A12 "Traceback" "$OUT/$name.log" "$runs"/*.log 2>/dev/null | tail -40
@@ -33,6 +35,9 @@ bench() {  # bench NAME ARGS...: benchmarks/NAME.py on lego; its log and JSON in
 }
 if [ -n "${TIME_TO_TARGET_ARGS:-}" ]; then
   bench time_to_target $TIME_TO_TARGET_ARGS
+fi
+if [ -n "${VERSIONS_ARGS:-}" ]; then
+  bench versions_ab $VERSIONS_ARGS
 fi
 if [ "${STEP_TIME_ARGS:-}" != skip ]; then
   bench step_time ${STEP_TIME_ARGS:-}
