@@ -64,7 +64,8 @@ def build_extension(root: Path) -> str:
         "import bytesplat_ns; from bytesplat_ns.cuda import build; build.load(); print(bytesplat_ns.__file__, "
         "build.module_name())"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=environment(root), capture_output=True, text=True)
+    # in root: python -c puts its working folder first on the path (ns-train does not)
+    done = subprocess.run([sys.executable, "-c", code], env=environment(root), cwd=root, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"building {root}'s extension failed:\n{done.stderr[-3000:]}")
     where, module = done.stdout.split()[-2:]
