@@ -1,0 +1,83 @@
+"""Where a replayed step's time goes, read from a profiled run's trace (issue #6).
+
+`ns-train bytesplat ... --profile-steps 20 --profile-start 6510 --profile-trace True` writes the profiled steps'
+timeline beside the run (step_trace.json.gz, step_profile.py). This reads it per interval between two CUDA graph
+launches (one replayed step):
+- the graph's GPU work: its kernels, copies and memsets up to the step's first device-to-host copy (the late
+  read that follows each replay), their span and busy time, and how many are tiny (under 3 us);
+- the host: cudaGraphLaunch's own duration (it grows with the graph's node count), the time from the launch to
+  the first kernel, and the launch-to-launch interval (the step as the profiled run paced it);
+and prints one interval's host timeline (top-level torch ops and CUDA calls; the gaps between them are Python).
+Medians over the intervals; the profiler slows host ops, so compare host figures only between traces.
+
+    python3 benchmarks/graph_trace.py <run folder>/step_trace.json.gz [--show 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+TINY_US = 3.0
+DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST = ("cpu_op", "cuda_runtime")
+
+
+def intervals(trace: dict) -> tuple[list[dict], list[list[dict]], list[dict]]:
+    """-> (graph launches, the device events of each launch-to-launch interval, host events), sorted by time."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    launches = sorted((e for e in events if e["name"] == "cudaGraphLaunch"), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in launches]
+    device: list[list[dict]] = [[] for _ in launches[:-1]]
+    for e in sorted((e for e in events if e.get("cat") in DEVICE), key=lambda e: e["ts"]):
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if 0 <= i < len(device):
+            device[i].append(e)
+    host = sorted((e for e in events if e.get("cat") in HOST), key=lambda e: e["ts"])
+    return launches, device, host
+
+
+def replay_figures(launch: dict, next_launch: dict, work: list[dict]) -> dict[str, float]:
+    """One interval's figures; the graph's work ends before the first device-to-host copy."""
+    end = next((i for i, e in enumerate(work) if "DtoH" in e["name"]), len(work))
+    graph = work[:end]
+    tiny = [e for e in graph if e["dur"] < TINY_US]
+    return {
+        "graph nodes run": len(graph),
+        "graph span us": graph[-1]["ts"] + graph[-1]["dur"] - graph[0]["ts"],
+        "graph busy us": sum(e["dur"] for e in graph),
+        "tiny kernels": len(tiny),
+        "tiny kernels busy us": sum(e["dur"] for e in tiny),
+        "cudaGraphLaunch host us": launch["dur"],
+        "launch to first kernel us": graph[0]["ts"] - launch["ts"],
+        "launch to launch us": next_launch["ts"] - launch["ts"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--show", type=int, default=8, help="the interval whose host timeline is printed")
+    args = parser.parse_args()
+    launches, device, host = intervals(json.loads(gzip.open(args.trace).read()))
+    # the first interval holds the profiler's start-up; an interval without kernels is not a replay
+    rows = [replay_figures(launches[i], launches[i + 1], work) for i, work in enumerate(device) if i > 0 and work]
+    print(f"{len(rows)} replayed steps")
+    for name in rows[0]:
+        values = [r[name] for r in rows]
+        print(f"{name:28s} median {statistics.median(values):8.1f}  min {min(values):8.1f}  max {max(values):8.1f}")
+    begin, end = launches[args.show]["ts"], launches[args.show + 1]["ts"]
+    print(f"\nhost timeline of interval {args.show} (us from its launch; top-level ops only):")
+    last = begin
+    for e in host:
+        if begin <= e["ts"] < end and e["ts"] >= last:
+            print(f"{e['ts'] - begin:8.1f} {e['dur']:7.1f}  gap before {e['ts'] - last:6.1f}  {e['name'][:60]}")
+            last = e["ts"] + e["dur"]
+
+
+if __name__ == "__main__":
+    main()
