@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from step_time import LANES, run_lane  # noqa: E402
@@ -99,13 +100,8 @@ def main() -> None:
     for round_ in range(args.rounds):
         for version in args.versions if round_ % 2 == 0 else reversed(args.versions):
             lane = argparse.Namespace(**{**vars(args), "wide": False, "out": args.out / f"{version}-{round_}"})
-            saved = dict(os.environ)
-            os.environ.update(environment(roots[version]))  # the lane's ns-train and ns-eval inherit it
-            try:
+            with mock.patch.dict(os.environ, environment(roots[version])):  # ns-train and ns-eval inherit it
                 result = run_lane("bytesplat", LANES["bytesplat"], lane)
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
             runs[version].append({"round": round_, **result})
     report = {"gpu": torch.cuda.get_device_name(0), "scene": "lego", "steps": args.steps, "seed": args.seed,
               "extensions": modules, "runs": runs}  # fmt: skip

@@ -127,8 +127,9 @@ class ByteSplatDatamanager(FullImageDatamanager):
         view = self.camera_views.get(image_idx)
         if view is None:
             view = self.camera_views[image_idx] = self.train_cameras[image_idx : image_idx + 1].to(self.device)
+            view.metadata = {**(view.metadata or {}), "cam_idx": image_idx, "size": self.train_sizes[image_idx]}
         camera = copy.copy(view)
-        camera.metadata = {**(view.metadata or {}), "cam_idx": image_idx, "size": self.train_sizes[image_idx]}
+        camera.metadata = dict(view.metadata)
         return camera, data
 
     @cached_property

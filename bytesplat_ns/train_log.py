@@ -84,9 +84,6 @@ class LogStepWriter(writer.Writer):
     def write_config(self, name: str, config_dict: dict, step: int) -> None:
         self.inner.write_config(name, config_dict, step)
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)  # the wrapped writer's own attributes (tb_writer, ...)
-
 
 def log_timing_at_log_steps(steps_per_log: int) -> None:
     """Wrap nerfstudio's event writers (set up by its trainer) in LogStepWriter; the console writer stays."""
