@@ -2,8 +2,11 @@
 # One call on the 1-GPU machine (after `source .device-kit/on-device.sh`; carry .build-cache), issue #6: build the
 # CUDA extension (device_build.sh), run GPU_TESTS, then, if TIME_TO_TARGET_ARGS is set, benchmarks/time_to_target.py
 # with those options, then, if VERSIONS_ARGS is set, benchmarks/versions_ab.py with those (earlier commits' step
-# time against this checkout's), then benchmarks/step_time.py on lego (STEP_TIME_ARGS: its options, e.g. "--steps
-# 7000"; "skip": not run). Files in $OUT: build.log, pytest.log, {time_to_target,versions_ab,step_time}.{log,json};
+# time against this checkout's), then, if HOST_SAMPLES_ARGS is set, benchmarks/host_samples.py with those (where
+# the loop's host time goes, sampled by py-spy), then, if GPU_PACE_ARGS is set, benchmarks/gpu_pace.py with those
+# (whether the host or the GPU sets the replayed steps' pace), then benchmarks/step_time.py on lego
+# (STEP_TIME_ARGS: its options, e.g. "--steps 7000"; "skip": not run). Files in $OUT: build.log, pytest.log,
+# {time_to_target,versions_ab,host_samples,gpu_pace,step_time}.{log,json};
 # table last.
 # The lent machine sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so there every Python process
 # compiles the sources of torch, nerfstudio and the rest anew: ns-train's imports took 15-18 s against 8 s with the
@@ -27,7 +30,7 @@ if [ -n "${GPU_TESTS-tests/test_step_graph.py}" ]; then
 fi
 status=0
 bench() {  # bench NAME ARGS...: benchmarks/NAME.py on lego; its log and JSON in $OUT; tracebacks, table
-  local name=$1 runs=/tmp/${1//_/-}; shift  # runs: /tmp/step-time, /tmp/time-to-target, /tmp/versions-ab
+  local name=$1 runs=/tmp/${1//_/-}; shift  # runs: /tmp/step-time, /tmp/time-to-target, /tmp/versions-ab, ...
   python3 "benchmarks/$name.py" --data .device-kit/data/lego --out "$runs" --json "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1 || status=1
   grep -h -B2 -A12 "Traceback" "$OUT/$name.log" "$runs"/*.log 2>/dev/null | tail -40
@@ -38,6 +41,12 @@ if [ -n "${TIME_TO_TARGET_ARGS:-}" ]; then
 fi
 if [ -n "${VERSIONS_ARGS:-}" ]; then
   bench versions_ab $VERSIONS_ARGS
+fi
+if [ -n "${HOST_SAMPLES_ARGS:-}" ]; then
+  bench host_samples $HOST_SAMPLES_ARGS
+fi
+if [ -n "${GPU_PACE_ARGS:-}" ]; then
+  bench gpu_pace $GPU_PACE_ARGS
 fi
 if [ "${STEP_TIME_ARGS:-}" != skip ]; then
   bench step_time ${STEP_TIME_ARGS:-}
