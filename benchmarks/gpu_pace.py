@@ -2,11 +2,14 @@
 
 Trains bytesplat on lego with StepGraph.run wrapped (in the ns-train process, nothing else changed): before each
 step's device work the host asks the stream whether the GPU is still busy with earlier steps (a non-blocking
-query), and two timing events bracket the step's device work (the input copies and the graph replay). Read at the
-end, per replayed step: the GPU's time from the step's first to its last device work, and the GPU's idle gap
-before it (the previous step's end to this step's start, where both were replayed). A GPU busy at nearly every
-step's start and gaps near zero mean the GPU sets the pace: the host's time then goes to waiting (in whatever
-call finds the launch queue full), and only less GPU work shortens the step. Writes --json; table last.
+query); timing events bracket the step's device work (the input copies and the graph replay) and the graph's
+replay alone. Read at the end, per replayed step: the GPU's time from the step's first to its last device work
+(idle time included where the GPU waited for the host inside the step), the graph's own span, and the GPU's idle
+gap before the step (the previous step's end to this step's start, where both were replayed); medians over all
+replayed steps and over those that found the GPU busy. A GPU busy at nearly every step's start and gaps near zero
+mean the GPU sets the pace: the host's time then goes to waiting (in whatever call finds the launch queue full),
+and only less GPU work shortens the step. Writes --json and the per-step rows beside it (<json
+stem>.steps.json); table last.
 
     python3 benchmarks/gpu_pace.py --data .device-kit/data/lego --steps 7000 --json $OUT/gpu_pace.json
 """
@@ -32,30 +35,41 @@ def child() -> None:
 
     from bytesplat_ns.step_graph import StepGraph
 
-    steps: list[tuple[int, bool, torch.cuda.Event, torch.cuda.Event]] = []
-    replay = StepGraph.run
+    steps: list[tuple[int, bool, list[torch.cuda.Event]]] = []
+    run_step, replay_graph = StepGraph.run, torch.cuda.CUDAGraph.replay
+    events: list[torch.cuda.Event] = []  # this step's: start, graph start, graph end, end
+
+    def mark() -> None:
+        events.append(torch.cuda.Event(enable_timing=True))
+        events[-1].record(torch.cuda.current_stream())
+
+    def replay(graph) -> None:
+        mark()
+        replay_graph(graph)
+        mark()
 
     def run(self, step, camera, batch, note=None):
-        stream = torch.cuda.current_stream()
-        busy = not stream.query()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        out = replay(self, step, camera, batch, note)
-        end.record(stream)
-        if out is not None:
-            steps.append((step, busy, start, end))
+        events.clear()
+        busy = not torch.cuda.current_stream().query()
+        mark()
+        out = run_step(self, step, camera, batch, note)
+        mark()
+        if out is not None and len(events) == 4:
+            steps.append((step, busy, list(events)))
         return out
 
     def write() -> None:
         torch.cuda.synchronize()
         rows = []
-        for i, (step, busy, start, end) in enumerate(steps):
+        for i, (step, busy, (start, graph_start, graph_end, end)) in enumerate(steps):
             previous = steps[i - 1] if i and steps[i - 1][0] == step - 1 else None
-            gap = previous[3].elapsed_time(start) if previous else None
-            rows.append({"step": step, "busy": busy, "gpu_ms": start.elapsed_time(end), "gap_ms": gap})
+            gap = previous[2][3].elapsed_time(start) if previous else None
+            rows.append({"step": step, "busy": busy, "gpu_ms": start.elapsed_time(end),
+                         "graph_ms": graph_start.elapsed_time(graph_end), "gap_ms": gap})  # fmt: skip
         Path(os.environ[RECORD_ENV]).write_text(json.dumps(rows))
 
     StepGraph.run = run
+    torch.cuda.CUDAGraph.replay = replay
     atexit.register(write)
     sys.argv = sys.argv[3:]  # drop this script, --child and the interpreter: offline_nerfstudio.py ns-train ...
     import offline_nerfstudio
@@ -82,16 +96,21 @@ def main() -> None:
     if run.process.wait() != 0:
         raise SystemExit(f"ns-train failed (exit {run.process.returncode}); see {run.log}")
     rows = json.loads(record.read_text())
+    busy = [r for r in rows if r["busy"]]
     gaps = [r["gap_ms"] for r in rows if r["gap_ms"] is not None]
     report = {
         "steps": args.steps, "seed": args.seed, "options": args.options, "replayed_steps": len(rows),
-        "busy_at_start_fraction": sum(r["busy"] for r in rows) / len(rows),
+        "busy_at_start_fraction": len(busy) / len(rows),
         "gpu_ms_median": statistics.median(r["gpu_ms"] for r in rows),
         "gpu_ms_mean": statistics.fmean(r["gpu_ms"] for r in rows),
+        "gpu_ms_median_busy": statistics.median(r["gpu_ms"] for r in busy) if busy else None,
+        "graph_ms_median": statistics.median(r["graph_ms"] for r in rows),
+        "graph_ms_median_busy": statistics.median(r["graph_ms"] for r in busy) if busy else None,
         "gap_ms_median": statistics.median(gaps), "gap_ms_mean": statistics.fmean(gaps),
         "gap_over_10us_fraction": sum(g > 0.01 for g in gaps) / len(gaps),
         "loop_ms_per_step": run_summary(run.folder)["loop_ms_per_step"],
     }  # fmt: skip
+    (args.json.with_suffix(".steps.json")).write_text(json.dumps(rows) + "\n")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     for key, value in report.items():
