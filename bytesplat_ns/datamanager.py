@@ -19,6 +19,7 @@ import torch.distributed as dist
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
 
+from bytesplat_ns.camera_matrices import CameraStack
 from bytesplat_ns.input_checks import BadInputError, check_dataparser_outputs
 
 
@@ -114,22 +115,24 @@ class ByteSplatDatamanager(FullImageDatamanager):
 
     def next_train(self, step: int):
         """nerfstudio's next training camera and image, as FullImageDatamanager.next_train gives them (same order,
-        same values), plus the image size as Python ints in metadata["size"], so the model needs no host sync to
-        read it from the GPU copy of the camera. The one-camera Cameras comes from `camera_views` (nerfstudio
-        slices and copies train_cameras anew every step: some fifty small tensor ops, 120 us a step on the CPU
-        machine, benchmarks/RESULTS.md); the caller gets its own shallow copy and metadata, so reassigning a field
-        (rescale_output_resolution does) leaves the stored one as it was."""
+        same values), plus in the camera's metadata the image size as Python ints ("size", so the model needs no
+        host sync to read it from the GPU copy of the camera) and its stored matrices (`camera_stack`). The
+        one-camera Cameras comes from `camera_views` (nerfstudio slices and copies train_cameras anew every step:
+        some fifty small tensor ops, 120 us a step on the CPU machine, benchmarks/RESULTS.md); the caller gets its
+        own shallow copy and metadata, so reassigning a field (rescale_output_resolution does) leaves the stored one
+        as it was."""
         image_idx = self.train_unseen_cameras.pop(0)
         if not self.train_unseen_cameras:
             self.train_unseen_cameras = self.sample_train_cameras()
-        data = dict(self.cached_train[image_idx])  # a copy: the cached dictionary is never changed
-        data["image"] = data["image"].to(self.device)
         view = self.camera_views.get(image_idx)
         if view is None:
             view = self.camera_views[image_idx] = self.train_cameras[image_idx : image_idx + 1].to(self.device)
-            view.metadata = {**(view.metadata or {}), "cam_idx": image_idx, "size": self.train_sizes[image_idx]}
+            view.metadata = {**(view.metadata or {}), "cam_idx": image_idx, "size": self.train_sizes[image_idx],
+                             **self.camera_stack.metadata(image_idx)}  # fmt: skip
         camera = copy.copy(view)
         camera.metadata = dict(view.metadata)
+        data = dict(self.cached_train[image_idx])  # a copy: the cached dictionary is never changed
+        data["image"] = data["image"].to(self.device)
         return camera, data
 
     @cached_property
@@ -138,6 +141,13 @@ class ByteSplatDatamanager(FullImageDatamanager):
         made on first use."""
         assert len(self.train_cameras.shape) == 1, "nerfstudio's training cameras have one batch dimension"
         return {}
+
+    @cached_property
+    def camera_stack(self) -> CameraStack:
+        """This rank's training cameras' matrices and images, stacked on the training device (camera_matrices.py);
+        made on first use, after the images are cached (undistortion may change the intrinsics)."""
+        cached = self.cached_train  # first: with several ranks this also sets train_cameras
+        return CameraStack.build(self.train_cameras, cached, self.shard, self.device)
 
     @cached_property
     def train_sizes(self) -> list[tuple[int, int]]:

@@ -24,6 +24,12 @@ from nerfstudio.models.splatfacto import (
 from torch import Tensor
 
 from bytesplat_ns import nerfstudio_patches
+from bytesplat_ns.camera_matrices import (
+    IntrinsicsScale,
+    intrinsics_matrix,
+    stored_matrices,
+    viewmat_from_camera_to_world,
+)
 from bytesplat_ns.lpips import lpips_if_weights_on_disk
 from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats, rasterize
 from bytesplat_ns.render.bin_capacity import BinCapacity
@@ -96,28 +102,9 @@ class SplatOutOfMemoryError(RuntimeError):
         self.step, self.num_splats = step, num_splats
 
 
-def viewmat_from_camera_to_world(c2w: Tensor) -> Tensor:
-    """Nerfstudio camera-to-world [3, 4] (OpenGL axes) -> world-to-camera [4, 4] in OpenCV axes."""
-    rot = torch.cat([c2w[:, :1], -c2w[:, 1:3]], dim=1)  # flip y and z
-    viewmat = torch.eye(4, dtype=c2w.dtype, device=c2w.device)
-    viewmat[:3, :3] = rot.T
-    viewmat[:3, 3] = -rot.T @ c2w[:, 3]
-    return viewmat
-
-
 def psnr(pred: Tensor, gt: Tensor) -> Tensor:
     """PSNR for images in [0, 1], as torchmetrics' PeakSignalNoiseRatio(data_range=1.0) over one image pair."""
     return -10.0 * torch.log10(torch.mean((pred - gt) ** 2))
-
-
-def intrinsics_matrix(camera: Cameras, downscale: int = 1) -> Tensor:
-    """[3, 3] float32 pinhole intrinsics of the first camera at 1/downscale resolution, built where the camera's
-    tensors are (nerfstudio's get_intrinsics_matrices builds them in host memory: a copy from the GPU per entry).
-    Blender scenes hold fx and fy as float64: the values are rounded to float32 as nerfstudio does."""
-    fx, fy, cx, cy = (getattr(camera, name).reshape(-1)[0] / downscale for name in ("fx", "fy", "cx", "cy"))
-    fx, fy, cx, cy = (value.to(torch.float32) for value in (fx, fy, cx, cy))
-    zero, one = torch.zeros_like(fx), torch.ones_like(fx)
-    return torch.stack([fx, zero, cx, zero, fy, cy, zero, zero, one]).view(3, 3)
 
 
 class ByteSplatModel(SplatfactoModel):
@@ -167,6 +154,7 @@ class ByteSplatModel(SplatfactoModel):
         self.loaded_views_per_step = cfg.views_per_step
         self.pruned: Tensor | None = None  # set by each render (fused renderer: a device tensor)
         self.bins = BinCapacity()  # fused renderer, training: tile binning without a host sync
+        self.scale_intrinsics = IntrinsicsScale()
 
     def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation (seed points or a random cube), or an exported PLY; built on the CPU."""
@@ -258,12 +246,9 @@ class ByteSplatModel(SplatfactoModel):
         formed while rendering and returned as outputs["fused_loss"]."""
         if not isinstance(camera, Cameras):
             raise TypeError(f"ByteSplatModel renders Cameras, got {type(camera).__name__}.")
-        if self.training:
-            if camera.shape[0] != 1:
-                raise ValueError(f"Training renders one camera at a time, got {camera.shape[0]}.")
-            c2w = self.camera_optimizer.apply_to_camera(camera)[0]  # [3, 4]
-        else:
-            c2w = camera.camera_to_worlds[0]
+        if self.training and camera.shape[0] != 1:
+            raise ValueError(f"Training renders one camera at a time, got {camera.shape[0]}.")
+        stored = self._stored_matrices(camera)
 
         crop_ids = None
         if self.crop_box is not None and not self.training:
@@ -274,7 +259,12 @@ class ByteSplatModel(SplatfactoModel):
                 )
 
         downscale = self._get_downscale_factor()
-        K = intrinsics_matrix(camera, downscale).to(self.device)  # [3, 3]
+        if stored is not None:
+            viewmat, K = stored[0], self.scale_intrinsics(stored[1], downscale)  # [4, 4], [3, 3]
+        else:
+            c2w = self.camera_optimizer.apply_to_camera(camera)[0] if self.training else camera.camera_to_worlds[0]
+            viewmat = viewmat_from_camera_to_world(c2w)  # [4, 4] from [3, 4]
+            K = intrinsics_matrix(camera, downscale).to(self.device)  # [3, 3]
         size = (camera.metadata or {}).get("size")  # training cameras: Python ints, no host sync
         if size is not None:
             width, height = size[0] // downscale, size[1] // downscale
@@ -296,7 +286,7 @@ class ByteSplatModel(SplatfactoModel):
             bins=self.bins if self.training else None,
             prune_on_chip=self.config.prune_on_chip,
         )
-        raster_camera = RasterCamera(viewmat_from_camera_to_world(c2w), K, width, height)
+        raster_camera = RasterCamera(viewmat, K, width, height)
         if batch is not None and self.uses_fused_loss(batch):
             return self._fused_loss_outputs(raster_camera, opts, batch)
         out = rasterize(self.splats(crop_ids), raster_camera, opts)
@@ -316,6 +306,13 @@ class ByteSplatModel(SplatfactoModel):
         if not self.training:
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
+
+    def _stored_matrices(self, camera: Cameras) -> tuple[Tensor, Tensor] | None:
+        """A training camera's matrices as the datamanager stored them (camera_matrices.py): (world-to-camera [4, 4],
+        full-resolution intrinsics [3, 3]), in training with the camera optimizer off; else None (built here)."""
+        if not self.training or self.config.camera_optimizer.mode != "off":
+            return None
+        return stored_matrices(camera)
 
     def _get_background_color(self) -> Tensor:
         """[3] splatfacto's background; a random colour in training with random_background_in_training."""

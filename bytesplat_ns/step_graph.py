@@ -3,9 +3,10 @@
 On a fast GPU the training step is bound by the host: some two hundred kernel launches, each behind Python and
 torch's dispatch, while the GPU's own work takes a fraction of that time (benchmarks/RESULTS.md). A CUDA graph
 records the step's GPU work once (render, fused loss, backward, densification statistics, non-finite guard, Adam)
-and replays it with one launch. What the host still does per step: take the next camera, copy its pose,
-intrinsics and image into the graph's input buffers, write changed learning rates on the device, replay, and
-queue the binning's entry count for its late read (render/bin_capacity.py). Refines, logging, evaluation and
+and replays it with one launch. What the host still does per step: take the next camera, write its row of the
+stored camera matrices and images (camera_matrices.py) into the graph's index (or, images not stored on the device,
+copy its image in), write changed learning rates on the device, replay, and queue the binning's entry count for its
+late read (render/bin_capacity.py). Refines, logging, evaluation and
 checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
@@ -40,6 +41,7 @@ then runs every step eagerly). --cuda-graph False turns it off.
 
 from __future__ import annotations
 
+import copy
 import gc
 import time
 from collections import Counter
@@ -49,6 +51,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bytesplat_ns.camera_matrices import INTRINSICS, VIEWMAT, CameraStack
+from bytesplat_ns.datamanager import ByteSplatDatamanager
 from bytesplat_ns.grad_compaction import SparseRowExchange
 
 StepBody = Callable[[Tensor, object, dict], tuple]
@@ -74,6 +78,8 @@ def ineligible(trainer) -> str | None:
         (model.renderer() != "fused" or not cfg.fused_loss, "the renderer is not the fused loss path"),
         (cfg.use_bilateral_grid or cfg.output_depth_during_training, "the bilateral grid or depth in training"),
         (cfg.camera_optimizer.mode != "off", "the camera optimizer is on"),
+        (not isinstance(trainer.pipeline.datamanager, ByteSplatDatamanager),
+         "the datamanager is not bytesplat's (it stores the camera matrices the graph reads)"),
         (cfg.use_scale_regularization, "scale regularisation (every 10th step differs)"),
         (trainer.mixed_precision, "mixed precision"),
         (any(n != 1 for n in trainer.gradient_accumulation_steps.values()), "gradient accumulation"),
@@ -96,19 +102,31 @@ class _FixedBins:
         self.total = total
 
 
-class _StaticInputs:
-    """The camera and batch the graph reads: copies of the recording step's, refilled before each replay."""
+class _GraphInputs:
+    """The camera and batch the graph reads. The camera's matrices are its rows of the datamanager's CameraStack
+    (camera_matrices.py), gathered inside the graph by a device index written before each replay; so is the image
+    where the stack holds the images, else it is copied into a buffer of the graph's before each replay."""
 
-    def __init__(self, camera, batch: dict) -> None:
-        self.camera = camera._apply_fn_to_fields(torch.clone)
-        self.camera.metadata = dict(camera.metadata)
-        self.batch = {key: value.clone() if torch.is_tensor(value) else value for key, value in batch.items()}
+    def __init__(self, camera, batch: dict, stack: CameraStack) -> None:
+        self.stack = stack
+        self.index = torch.zeros(1, dtype=torch.int64, device=stack.viewmats.device)  # [1] the camera's row
+        self.camera = copy.copy(camera)  # the model reads only the size and the matrices of a training camera
+        self.camera.metadata = {k: v for k, v in camera.metadata.items() if k != "cam_idx"}  # the recorded one's
+        self.batch = dict(batch)
+        self.image = None if stack.images is not None else batch["image"].clone()
 
-    def _tensors(self, camera, batch: dict) -> list[Tensor]:
-        return [camera.camera_to_worlds, camera.fx, camera.fy, camera.cx, camera.cy, batch["image"]]
+    def gathered(self) -> tuple:
+        """-> (camera, batch) read through the index; called while recording, so the gathers are in the graph."""
+        self.camera.metadata[VIEWMAT] = self.stack.viewmats.index_select(0, self.index)  # [1, 16]
+        self.camera.metadata[INTRINSICS] = self.stack.intrinsics.index_select(0, self.index)  # [1, 9]
+        images = self.stack.images
+        self.batch["image"] = self.image if images is None else images.index_select(0, self.index)[0]
+        return self.camera, self.batch
 
     def load(self, camera, batch: dict) -> None:
-        torch._foreach_copy_(self._tensors(self.camera, self.batch), self._tensors(camera, batch))
+        self.index.fill_(self.stack.rows[camera.metadata["cam_idx"]])
+        if self.image is not None:
+            self.image.copy_(batch["image"])
 
 
 class StepGraph:
@@ -123,7 +141,7 @@ class StepGraph:
         self.exchange_key: tuple | None = None  # several ranks: what the recorded exchange baked in
         self._eager_key: tuple | None = None  # the configuration of the last step run op by op
         self.outputs: tuple | None = None
-        self.inputs: _StaticInputs | None = None
+        self.inputs: _GraphInputs | None = None
         self.bins: _FixedBins | None = None
         self.info: tuple | None = None
         self.stream = torch.cuda.Stream(device=device)
@@ -182,7 +200,7 @@ class StepGraph:
         self._forget()
         for param in self._params():
             param.grad = None  # the graph's backward makes its own (static) gradients
-        self.inputs = _StaticInputs(camera, batch)
+        self.inputs = _GraphInputs(camera, batch, self.pipeline.datamanager.camera_stack)
         self.bins = _FixedBins(capacity)
         self.model.info = None  # the last eager step's autograd graph must be gone: its gradient accumulators
         # belong to the default stream, which a recording may not touch
@@ -198,7 +216,7 @@ class StepGraph:
             with torch.cuda.stream(self.stream):
                 graph.capture_begin(pool=old.pool() if old is not None else None, capture_error_mode="thread_local")
                 try:
-                    outputs = self.body(self.step, self.inputs.camera, self.inputs.batch)
+                    outputs = self.body(self.step, *self.inputs.gathered())
                 finally:
                     graph.capture_end()
         except RuntimeError as error:

@@ -104,6 +104,41 @@ def test_a_replayed_step_equals_the_eager_step(tmp_path):
 
 
 @gpu
+def test_a_replay_renders_the_camera_it_is_given(tmp_path):
+    """A graph recorded on one camera, replayed on another, makes that other camera's step: the camera's matrices
+    and image are read through the index the host writes before each replay (camera_matrices.py)."""
+    trainer = _gpu_trainer(tmp_path, 10, True, warmup_length=1000)
+    trainer.train()
+    recorder, datamanager = trainer.step_graph, trainer.pipeline.datamanager
+    cameras = {}
+    for step in range(len(datamanager.train_dataset)):
+        camera, batch = datamanager.next_train(step)
+        cameras[camera.metadata["cam_idx"]] = (camera, batch)
+    (first, first_batch), (other, other_batch) = cameras[0], cameras[1]
+    datamanager.next_train = lambda step: (first, first_batch)
+    trainer.train_iteration(11)  # records (or replays) on the first camera
+    captures = recorder.captures
+    before = [t.clone() for t in _state(trainer)]
+
+    def step_from_before() -> list[torch.Tensor]:
+        for tensor, saved in zip(_state(trainer), before):
+            tensor.copy_(saved)
+        trainer.train_iteration(12)
+        return [t.clone() for t in _state(trainer)]
+
+    datamanager.next_train = lambda step: (other, other_batch)
+    replayed = step_from_before()
+    assert recorder.captures == captures  # replayed, not recorded on the other camera
+    trainer.step_graph = None
+    eager, eager_again = step_from_before(), step_from_before()
+    for index, (graph, op, op_again) in enumerate(zip(replayed, eager, eager_again)):
+        assert _relative(graph, op) <= 1e-5 + 10 * _relative(op_again, op), index
+    datamanager.next_train = lambda step: (first, first_batch)
+    on_first = step_from_before()  # the first camera's step differs: the camera matters to the result
+    assert any(_relative(a, b) > 1e-3 for a, b in zip(on_first, eager))
+
+
+@gpu
 def test_the_sh_degree_rising_records_the_graph_again(tmp_path):
     trainer = _gpu_trainer(tmp_path, 40, True, warmup_length=1000, sh_degree_interval=15)
     trainer.train()

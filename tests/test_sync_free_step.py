@@ -9,7 +9,7 @@ import pytest
 import torch
 from nerfstudio.models.splatfacto import SplatfactoModel
 
-from bytesplat_ns.model import intrinsics_matrix
+from bytesplat_ns.camera_matrices import intrinsics_matrix
 from tests.trainer_setup import make_trainer
 
 
