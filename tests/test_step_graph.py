@@ -14,8 +14,9 @@ from tests.trainer_setup import cpu_config, make_trainer, small_scene
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 
 
-def _gpu_trainer(root, steps: int, graph: bool, **model_options):
+def _gpu_trainer(root, steps: int, graph: bool, cache_images: str = "gpu", **model_options):
     config = cpu_config(small_scene(root), root / "out", steps, f"graph_{graph}")
+    config.pipeline.datamanager.cache_images = cache_images
     config.machine.device_type = "cuda"
     config.cuda_graph = graph
     config.summary_eval = False
@@ -104,12 +105,15 @@ def test_a_replayed_step_equals_the_eager_step(tmp_path):
 
 
 @gpu
-def test_a_replay_renders_the_camera_it_is_given(tmp_path):
+@pytest.mark.parametrize("cache_images", ["gpu", "cpu"])
+def test_a_replay_renders_the_camera_it_is_given(tmp_path, cache_images):
     """A graph recorded on one camera, replayed on another, makes that other camera's step: the camera's matrices
-    and image are read through the index the host writes before each replay (camera_matrices.py)."""
-    trainer = _gpu_trainer(tmp_path, 10, True, warmup_length=1000)
+    and image are read through the index the host writes before each replay (camera_matrices.py); with the
+    images cached in host memory, the image is copied into the graph's buffer instead."""
+    trainer = _gpu_trainer(tmp_path, 10, True, warmup_length=1000, cache_images=cache_images)
     trainer.train()
     recorder, datamanager = trainer.step_graph, trainer.pipeline.datamanager
+    assert (datamanager.camera_stack.images is None) == (cache_images == "cpu")
     cameras = {}
     for step in range(len(datamanager.train_dataset)):
         camera, batch = datamanager.next_train(step)
