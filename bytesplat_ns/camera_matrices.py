@@ -10,7 +10,7 @@ training images in stacked device tensors: each training camera carries its rows
 "intrinsics", flattened [1, 16] and [1, 9] as Cameras metadata must be), and a replayed step reads its camera's
 rows, and its image, by a device index (one small write per step instead of six copies).
 
-The stored intrinsics are at full resolution; `scale_intrinsics` divides them by splatfacto's downscale factor in
+The stored intrinsics are at full resolution; `IntrinsicsScale` divides them by splatfacto's downscale factor in
 one multiplication, the same values as `intrinsics_matrix(camera, downscale)` for the power-of-two factors
 splatfacto uses (a float times a power of two is exact either way; tests/test_camera_matrices.py).
 """
