@@ -14,11 +14,9 @@ A graph bakes in tensor addresses, shapes and Python decisions, so it is recorde
   the fused kernels' tile side), the image's shape, whether densification statistics are still gathered (step <
   refine_stop_iter);
 - the binning asks for more entries than the graph's buffers hold.
-The step right after densification records the graph at once (new tensors, the binning's capacity from the
-entries per splat: render/bin_capacity.py). The first step runs eagerly (it bins exactly: one host read), and so
-do a step whose batch takes another loss path (masks) and the first step of a new configuration: SH degree,
-resolution, image shape, densification statistics to make (lazy set-up of libraries on a first use cannot happen
-inside a recording); the next step records the graph and replays it.
+The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
+takes another loss path (masks), and the first step of any new configuration (lazy set-up of libraries on a
+shape's first use cannot happen inside a recording). The next step records the graph and replays it.
 Everything recorded must run on the recording stream: gsplat 1.4.0's SH kernels launch on the legacy default
 stream, which a graph does not record (they would run once, at recording, and leave their output stale), so
 the fused renderer evaluates SH with its own kernels (csrc/sh.h); the ground truth's downscale avoids
@@ -161,13 +159,12 @@ class StepGraph:
         bins = self.model.bins
         why = (
             "another loss path" if key is None
-            else "exact binning" if bins.needs_exact()
+            else "exact binning" if bins.needs_exact(self.model.num_points)
             else "new optimizer state" if not self._optimizer_state_ready()
             else None
         )  # fmt: skip
-        if why is None and key[1:] not in (self.key and self.key[1:], self._eager_key and self._eager_key[1:]):
-            why = "new configuration"  # runs op by op once first: lazy set-up on a first use (library handles,
-            # algorithm choices) cannot be recorded; new tensors alone (a refine) are recorded at once
+        if why is None and key != self.key and key != self._eager_key:  # runs op by op once first: lazy set-up
+            why = "new configuration"  # on a first use (library handles, algorithm choices) cannot be recorded
         if why is not None:
             self.eager[why] += 1
             self._eager_key = key
@@ -253,9 +250,8 @@ class StepGraph:
         image = batch["image"]
         # The fused kernels' tile side (16 or 8 pixels, cuda/ops.py tile_size_for) is not an entry of its own: it
         # follows from the render's size alone, which the downscale factor and the camera's size below fix.
-        return (  # the tensors first; the rest is the configuration (`run`: a new one runs op by op once)
+        return (
             tuple((t.data_ptr(), tuple(t.shape)) if t is not None else None for t in tensors),
-            tuple(t is None for t in tensors),  # statistics to make (at the start, after a restore): op by op
             min(model.step // cfg.sh_degree_interval, cfg.sh_degree),
             model._get_downscale_factor(),
             model.step < model.strategy.refine_stop_iter,

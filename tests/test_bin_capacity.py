@@ -1,6 +1,6 @@
-"""The training binning's capacity rule (render/bin_capacity.py), on the CPU: exact at first only, then headroom x
-the largest count in the window (or its largest entries per splat x the splats now, also right after the splat count
-changes), counts read `lag` renders later (exact counts at once), overflows counted when read; counts kept per tile
+"""The training binning's capacity rule (render/bin_capacity.py), on the CPU: exact at first and after the splat
+count changes, then headroom x the largest count in the window (or its largest entries per splat x the splats
+now), counts read `lag` renders later (exact counts at once), overflows counted when read; counts kept per tile
 side, the other side's bounded while a side has none."""
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ def test_exact_first_then_from_recent_counts():
     assert bins.overflows == 0
 
 
-def test_a_new_splat_count_scales_the_capacity_without_a_host_read():
+def test_a_new_splat_count_asks_for_the_exact_count():
     bins = BinCapacity(granule=1, lag=1)
     _render(bins, 100, 1000)
-    assert _render(bins, 100, 1000) == 1500
-    assert _render(bins, 120, 1500) == 1800  # densification ran: 10 entries per splat x 120 x 1.5, no exact read
+    assert _render(bins, 100, 1000) != EXACT
+    assert _render(bins, 120, 1500) == EXACT  # densification ran: earlier counts bound nothing
     assert _render(bins, 120, 1500) == 2250
-    assert bins.overflows == 0
 
 
 def test_overflows_are_counted_and_raise_the_capacity():
@@ -56,19 +55,19 @@ def test_counts_are_read_lag_renders_later_and_exact_counts_at_once():
     assert _render(bins, 10, 100) == 100
     assert bins.overflows == 0
     assert _render(bins, 10, 100) == 500 and bins.overflows == 1
-    assert _render(bins, 20, 300) == 1000  # densification ran: 50 entries per splat (the 500) x 20 splats
-    assert _render(bins, 20, 300) == 1000
+    assert _render(bins, 20, 300) == EXACT  # densification ran
+    assert _render(bins, 20, 300) == 1000  # 50 entries per splat (the 500) x 20 splats, without waiting 3 renders
 
 
 def test_more_splats_raise_the_capacity_at_once_fewer_do_not_lower_it():
     bins = BinCapacity(headroom=1.0, granule=1, lag=1)
     _render(bins, 100, 1000)
     _render(bins, 100, 1000)
-    assert _render(bins, 150, 1400) == 1500  # a refine added half the splats: 10 entries per splat x 150
+    _render(bins, 150, 1400)  # a refine added half the splats: exact
     assert bins.next(150, 16) == 1500  # 10 entries per splat x 150, above the 1400 seen
     bins = BinCapacity(headroom=1.0, granule=1, lag=1)
     _render(bins, 100, 1000)
-    assert _render(bins, 50, 400) == 1000  # a refine removed half the splats: the largest count still bounds it
+    _render(bins, 50, 400)  # a refine removed half the splats: exact
     assert bins.next(50, 16) == 1000  # the largest count seen still bounds it
 
 

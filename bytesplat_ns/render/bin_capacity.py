@@ -5,10 +5,9 @@ the host wait for the GPU once per step. The fused backend bins into buffers of 
 (cuda/csrc/bin_tiles.h) and the true count is read `lag` renders later (late_read.py):
 - the capacity is `headroom` times the larger of the largest count of the last `window` renders and the
   largest entries-per-splat of those renders times the splats now, rounded up to `granule` (so a refine that
-  adds splats raises the capacity at once, and one that removes splats does not lower it): densification's
-  clones have their originals' footprint and its splits are smaller, so the entries per splat do not grow with
-  a refine, and the render after one needs no host read;
-- it is exact (one host read, its count known at once) for the first render only;
+  adds splats raises the capacity at once, and one that removes splats does not lower it);
+- it is exact (one host read, its count known at once) for the first render, and whenever the splat count
+  changed since the last render (densification ran);
 - a render whose count exceeded its capacity loses the entries of its last splats (in index order) for that
   step; it is counted in `overflows` (shown in the run summary) and raises the capacity once read. On lego,
   7000 views, 0-4 renders per run overflowed (eighth session, benchmarks/RESULTS.md); none on the 2M-splat room.
@@ -78,16 +77,17 @@ class BinCapacity:
         the resolution of the step before them (step_graph.py), and the side follows from the resolution."""
         return self._tile_size
 
-    def needs_exact(self) -> bool:
-        """Whether the next binning will be exact (`next` returns EXACT): no count has been read or queued yet."""
-        return not (self._counts or self._late.ready)
+    def needs_exact(self, num_splats: int) -> bool:
+        """Whether the next binning of `num_splats` splats will be exact (`next` returns EXACT); changes nothing."""
+        return num_splats != self._splats or not (self._counts or self._late.ready)
 
     def next(self, num_splats: int, tile_size: int) -> int:
         """The capacity of the next binning of `num_splats` splats on tiles of `tile_size` pixels, or EXACT."""
-        exact = self.needs_exact()
+        exact = self.needs_exact(num_splats)
         self._read_pending()
-        self._tile_size, self._splats = tile_size, num_splats
+        self._tile_size = tile_size
         if exact:
+            self._splats = num_splats
             return EXACT
         seen = [(count, splats) for count, splats, side in self._counts if side == tile_size]
         if not seen:  # counts on the other tile side only, so far
