@@ -78,7 +78,7 @@ def child() -> None:
 
 
 def main() -> None:
-    from quality_seeds import Run, start
+    from host_samples import train
     from run_summary import run_summary
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,10 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     record = args.out / "steps.json"
     os.environ[RECORD_ENV] = str(record)
-    run = Run("pace", args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / "pace.log")
-    start(run, args.steps, args.data, args.out, wrapper=[sys.executable, __file__, "--child"])
-    if run.process.wait() != 0:
-        raise SystemExit(f"ns-train failed (exit {run.process.returncode}); see {run.log}")
+    run = train(args, "pace", wrapper=[sys.executable, __file__, "--child"])
     rows = json.loads(record.read_text())
     busy = [r for r in rows if r["busy"]]
     gaps = [r["gap_ms"] for r in rows if r["gap_ms"] is not None]
@@ -110,8 +107,8 @@ def main() -> None:
         "gap_over_10us_fraction": sum(g > 0.01 for g in gaps) / len(gaps),
         "loop_ms_per_step": run_summary(run.folder)["loop_ms_per_step"],
     }  # fmt: skip
-    (args.json.with_suffix(".steps.json")).write_text(json.dumps(rows) + "\n")
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.with_suffix(".steps.json").write_text(json.dumps(rows) + "\n")
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     for key, value in report.items():
         print(f"{key:28s} {value:.4f}" if isinstance(value, float) else f"{key:28s} {value}")

@@ -119,6 +119,8 @@ def print_tree(rows: list[dict]) -> None:
 
 
 def train(args: argparse.Namespace, name: str, wrapper: list[str]) -> Run:
+    """Train bytesplat on args.data for args.steps steps (args.seed, args.options), started through `wrapper`;
+    fails unless ns-train exits cleanly. Also gpu_pace.py's."""
     run = Run(name, args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / f"{name}.log")
     start(run, args.steps, args.data, args.out, wrapper=wrapper)
     if run.process.wait() != 0:
@@ -153,6 +155,7 @@ def main() -> None:
     stacks = loop_stacks(raw)
     if not stacks:
         raise SystemExit(f"No sample inside nerfstudio's training loop in {raw}: did py-spy attach? See the log.")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     kept = [";".join(short(f, keep_line=True) for f in frames) + f" {count}" for frames, count in stacks]
     args.json.with_suffix(".loop_stacks.txt").write_text("\n".join(kept) + "\n")
     report = {
@@ -160,7 +163,6 @@ def main() -> None:
         "loop_ms_per_step_plain": plain, "loop_ms_per_step_sampled": sampled,
         **summarise(stacks, sampled, args.depth, args.min_share, args.top),
     }  # fmt: skip
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(f"lines where the loop's samples end (top {args.top}):")
     for row in report["self_lines"]:

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
 
 
 def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blender-data",
-          save_every: int | None = None, wrapper: list[str] = ()) -> None:  # fmt: skip
+          save_every: int | None = None, wrapper: Sequence[str] = ()) -> None:  # fmt: skip
     """Start ns-train for `run`: a checkpoint at the end (and every `save_every` views, all kept, if given);
     `wrapper`: a command that runs it (a profiler)."""
     # bytesplat reads --max-num-iterations (and --steps-per-save) as views: views / N steps on N GPUs
