@@ -7,10 +7,11 @@ launches (one replayed step):
   read that follows each replay), their span and busy time, and how many are tiny (under 3 us);
 - the host: cudaGraphLaunch's own duration (it grows with the graph's node count), the time from the launch to
   the first kernel, and the launch-to-launch interval (the step as the profiled run paced it);
-and prints one interval's host timeline (top-level torch ops and CUDA calls; the gaps between them are Python).
+prints one interval's host timeline (top-level torch ops and CUDA calls; the gaps between them are Python), and
+the graph's kernels by name: how many run per replayed step and their GPU time (medians), the largest first.
 Medians over the intervals; the profiler slows host ops, so compare host figures only between traces.
 
-    python3 benchmarks/graph_trace.py <run folder>/step_trace.json.gz [--show 8]
+    python3 benchmarks/graph_trace.py <run folder>/step_trace.json.gz [--show 8] [--json kernels.json]
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ def intervals(trace: dict) -> tuple[list[dict], list[list[dict]], list[dict]]:
 
 def replay_figures(launch: dict, next_launch: dict, work: list[dict]) -> dict[str, float]:
     """One interval's figures; the graph's work ends before the first device-to-host copy."""
-    end = next((i for i, e in enumerate(work) if "DtoH" in e["name"]), len(work))
-    graph = work[:end]
+    graph = graph_work(work)
     tiny = [e for e in graph if e["dur"] < TINY_US]
     return {
         "graph nodes run": len(graph),
@@ -58,18 +58,47 @@ def replay_figures(launch: dict, next_launch: dict, work: list[dict]) -> dict[st
     }
 
 
+def graph_work(work: list[dict]) -> list[dict]:
+    """An interval's device events up to its first device-to-host copy: the replayed graph's nodes."""
+    end = next((i for i, e in enumerate(work) if "DtoH" in e["name"]), len(work))
+    return work[:end]
+
+
+def kernels_by_name(graphs: list[list[dict]], width: int = 120) -> list[dict]:
+    """The graph's nodes grouped by name (cut to `width` characters): per replayed step, the median count and
+    GPU time; sorted by time, the largest first."""
+    names = {e["name"][:width] for graph in graphs for e in graph}
+    rows = []
+    for name in names:
+        counts = [sum(1 for e in g if e["name"][:width] == name) for g in graphs]
+        times = [sum(e["dur"] for e in g if e["name"][:width] == name) for g in graphs]
+        rows.append({"name": name, "per_step": statistics.median(counts), "us": statistics.median(times)})
+    return sorted(rows, key=lambda r: -r["us"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", type=Path)
     parser.add_argument("--show", type=int, default=8, help="the interval whose host timeline is printed")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures and the kernel table here")
     args = parser.parse_args()
     launches, device, host = intervals(json.loads(gzip.open(args.trace).read()))
     # the first interval holds the profiler's start-up; an interval without kernels is not a replay
     rows = [replay_figures(launches[i], launches[i + 1], work) for i, work in enumerate(device) if i > 0 and work]
     print(f"{len(rows)} replayed steps")
+    medians = {}
     for name in rows[0]:
         values = [r[name] for r in rows]
-        print(f"{name:28s} median {statistics.median(values):8.1f}  min {min(values):8.1f}  max {max(values):8.1f}")
+        medians[name] = statistics.median(values)
+        print(f"{name:28s} median {medians[name]:8.1f}  min {min(values):8.1f}  max {max(values):8.1f}")
+    kernels = kernels_by_name([graph_work(work) for i, work in enumerate(device) if i > 0 and work])
+    print("\nthe graph's nodes by name, per replayed step (medians):\n   count       us  name")
+    for row in kernels:
+        print(f"{row['per_step']:8.1f} {row['us']:8.1f}  {row['name']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        figures = {"replayed_steps": len(rows), "medians": medians, "kernels": kernels}
+        args.json.write_text(json.dumps(figures, indent=1))
     begin, end = launches[args.show]["ts"], launches[args.show + 1]["ts"]
     print(f"\nhost timeline of interval {args.show} (us from its launch; top-level ops only):")
     last = begin
