@@ -26,11 +26,15 @@ def _inputs(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torc
 @gpu
 @pytest.mark.parametrize("degree", range(MAX_DEGREE + 1))
 @pytest.mark.parametrize("n", [1, 257, 40_000])
-def test_colours_and_gradients_match_the_reference(degree, n):
+@pytest.mark.parametrize("all_coeffs", [True, False], ids=["K=16", "K=degree's"])
+def test_colours_and_gradients_match_the_reference(degree, n, all_coeffs):
+    """K = 16: the model's coefficients while its degree ramps up; else only the degree's (rows of 3, 12, 27 and
+    48 floats: odd and even row lengths through the kernels' shared memory)."""
     from bytesplat_ns.cuda import ops
     from tests.fused_cases import assert_grad_close
 
-    coeffs, dirs, v_rgb = _inputs(n, 16, seed=degree * 1000 + n)
+    k = (MAX_DEGREE + 1) ** 2 if all_coeffs else (degree + 1) ** 2
+    coeffs, dirs, v_rgb = _inputs(n, k, seed=degree * 1000 + n + k)
     ref_coeffs, ref_dirs = coeffs.double().requires_grad_(), dirs.double().requires_grad_()
     ref = sh_to_rgb(degree, ref_coeffs, ref_dirs)
     ref.backward(v_rgb.double())
@@ -47,6 +51,15 @@ def test_colours_and_gradients_match_the_reference(degree, n):
     else:
         assert_grad_close(dirs.grad, ref_dirs.grad, GRAD_RTOL, "dL/ddirs")
     assert not coeffs.grad[:, (degree + 1) ** 2 :].any()  # bases past the degree take no gradient
+
+
+@gpu
+def test_more_than_sixteen_coefficients_are_refused():
+    from bytesplat_ns.cuda import ops
+
+    coeffs, dirs, _ = _inputs(10, 17, seed=3)
+    with pytest.raises(RuntimeError, match="at most 16 coefficients"):
+        ops.sh_colors(3, coeffs, dirs)
 
 
 @gpu

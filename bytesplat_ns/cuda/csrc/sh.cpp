@@ -17,6 +17,9 @@ ShParams sh_params(int64_t degree, const at::Tensor& coeffs, const at::Tensor& d
   const int64_t bases = (degree + 1) * (degree + 1);
   BYTESPLAT_CHECK(coeffs.size(1) >= bases, "SH degree ", degree, " needs ", bases, " coefficients per splat, got ",
                   coeffs.size(1));
+  BYTESPLAT_CHECK(coeffs.size(1) <= (kShMaxDegree + 1) * (kShMaxDegree + 1), "coeffs may hold at most ",
+                  (kShMaxDegree + 1) * (kShMaxDegree + 1), " coefficients per splat (degree ", kShMaxDegree,
+                  "); slice them to the degree rendered, got ", coeffs.size(1));
   BYTESPLAT_CHECK(coeffs.device() == dirs.device(), "coeffs and dirs must be on one device, got ", coeffs.device(),
                   " and ", dirs.device());
   ShParams p{};

@@ -1,10 +1,12 @@
 // Spherical-harmonic colour per splat, forward and backward: see sh.h. The bases are render/sh.py's sh_basis.
 #include "sh.h"
 
+#include <type_traits>
+
 namespace bytesplat {
 namespace {
 
-constexpr int kShThreads = 256;
+constexpr int kShThreads = 128;  // shared memory: 128 x 49 floats at K = 16
 constexpr int kShBases = (kShMaxDegree + 1) * (kShMaxDegree + 1);
 constexpr float kNormMin = 1e-12f;  // render/sh.py: the direction's length clamped at this
 
@@ -69,65 +71,136 @@ __device__ inline void bases_vjp(int degree, const float u[3], const float w[kSh
           10.f * kY3c * x * z * w[13] + kY3e * (xx - yy) * w[14];
 }
 
+// Each warp moves its 32 splats' coefficient rows (K * 3 floats each, contiguous in device memory) through shared
+// memory: read and written whole, consecutive lanes on consecutive floats, instead of each thread striding through
+// its own 192-byte row (one 4-byte access per cache sector: the backward's writes so took 50 us of a lego step).
+// Rows sit `pitch` floats apart, odd, so the threads' own-row accesses fall in 32 different banks.
+struct WarpRows {
+  float* stage;   // [32, pitch] this warp's part of the block's shared memory
+  int64_t first;  // the warp's first splat
+  int count;      // its splats (32, fewer in the last warp, 0 past the end)
+  int row;        // floats per splat, K * 3
+  int pitch;      // row, made odd
+};
+
+__device__ inline WarpRows warp_rows(float* shared, int64_t n, int k) {
+  WarpRows w;
+  w.row = 3 * k;
+  w.pitch = w.row | 1;
+  w.stage = shared + (threadIdx.x / 32) * 32 * w.pitch;
+  w.first = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x / 32) * 32;
+  w.count = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(32), n - w.first)));
+  return w;
+}
+
+__device__ inline void load_rows(const WarpRows& w, const float* __restrict__ rows) {
+  const float* src = rows + w.first * w.row;
+  for (int j = threadIdx.x % 32; j < w.count * w.row; j += 32) w.stage[j / w.row * w.pitch + j % w.row] = src[j];
+  __syncwarp();
+}
+
+__device__ inline void store_rows(const WarpRows& w, float* __restrict__ rows) {
+  __syncwarp();
+  float* dst = rows + w.first * w.row;
+  for (int j = threadIdx.x % 32; j < w.count * w.row; j += 32) dst[j] = w.stage[j / w.row * w.pitch + j % w.row];
+}
+
+unsigned shared_bytes(int k) { return kShThreads * ((3 * k) | 1) * sizeof(float); }
+
+// The kernels are instantiated per degree, so the bases and their loops unroll and stay in registers.
+template <int kDegree>
 __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p, float* __restrict__ rgb) {
+  constexpr int kCount = (kDegree + 1) * (kDegree + 1);
+  extern __shared__ float shared[];
+  const WarpRows w = warp_rows(shared, p.n, p.k);
+  load_rows(w, p.coeffs);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   float u[3], b[kShBases];
   unit(p.dirs + 3 * i, u);
-  const int count = bases(p.degree, u, b);
-  const float* c = p.coeffs + i * p.k * 3;
+  bases(kDegree, u, b);
+  const float* c = w.stage + threadIdx.x % 32 * w.pitch;
+#pragma unroll
   for (int ch = 0; ch < 3; ++ch) {
     float sum = 0.f;
-    for (int k = 0; k < count; ++k) sum += b[k] * c[3 * k + ch];
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) sum += b[k] * c[3 * k + ch];
     rgb[3 * i + ch] = fmaxf(sum + 0.5f, 0.f);
   }
 }
 
+template <int kDegree>
 __global__ void __launch_bounds__(kShThreads)
     sh_backward_kernel(const ShParams p, const float* __restrict__ v_rgb, float* __restrict__ v_coeffs,
                        float* __restrict__ v_dirs) {
+  constexpr int kCount = (kDegree + 1) * (kDegree + 1);
+  extern __shared__ float shared[];
+  const WarpRows w = warp_rows(shared, p.n, p.k);
+  load_rows(w, p.coeffs);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= p.n) return;
-  float u[3], b[kShBases];
-  const float length = unit(p.dirs + 3 * i, u);
-  const int count = bases(p.degree, u, b);
-  const float* c = p.coeffs + i * p.k * 3;
-  float g[3];  // dL/d(sum + 0.5) where the clamp passes it (torch's clamp_min: where the input is >= 0)
-  for (int ch = 0; ch < 3; ++ch) {
-    float sum = 0.f;
-    for (int k = 0; k < count; ++k) sum += b[k] * c[3 * k + ch];
-    g[ch] = sum + 0.5f >= 0.f ? v_rgb[3 * i + ch] : 0.f;
+  if (i < p.n) {  // no early return: the whole warp stores the rows below
+    float u[3], b[kShBases];
+    const float length = unit(p.dirs + 3 * i, u);
+    bases(kDegree, u, b);
+    float* c = w.stage + threadIdx.x % 32 * w.pitch;  // this splat's coefficients, replaced by their gradient
+    float g[3];  // dL/d(sum + 0.5) where the clamp passes it (torch's clamp_min: where the input is >= 0)
+#pragma unroll
+    for (int ch = 0; ch < 3; ++ch) {
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) sum += b[k] * c[3 * k + ch];
+      g[ch] = sum + 0.5f >= 0.f ? v_rgb[3 * i + ch] : 0.f;
+    }
+    float wb[kShBases];  // dL/d basis_k
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) {
+      wb[k] = c[3 * k] * g[0] + c[3 * k + 1] * g[1] + c[3 * k + 2] * g[2];
+      for (int ch = 0; ch < 3; ++ch) c[3 * k + ch] = b[k] * g[ch];
+    }
+    for (int j = 3 * kCount; j < w.row; ++j) c[j] = 0.f;  // bases past the degree
+    float gu[3];
+    bases_vjp(kDegree, u, wb, gu);
+    // u = d / max(|d|, min): du/dd = (I - u u^T) / |d| above the clamp, I / min below it
+    const bool clamped = length <= kNormMin;
+    const float along = clamped ? 0.f : u[0] * gu[0] + u[1] * gu[1] + u[2] * gu[2];
+#pragma unroll
+    for (int a = 0; a < 3; ++a) v_dirs[3 * i + a] = (gu[a] - along * u[a]) / length;
   }
-  float w[kShBases];  // dL/d basis_k
-  float* vc = v_coeffs + i * p.k * 3;
-  for (int k = 0; k < p.k; ++k) {
-    const bool used = k < count;
-    for (int ch = 0; ch < 3; ++ch) vc[3 * k + ch] = used ? b[k] * g[ch] : 0.f;
-    if (used) w[k] = c[3 * k] * g[0] + c[3 * k + 1] * g[1] + c[3 * k + 2] * g[2];
-  }
-  float gu[3];
-  bases_vjp(p.degree, u, w, gu);
-  // u = d / max(|d|, min): du/dd = (I - u u^T) / |d| above the clamp, I / min below it
-  const bool clamped = length <= kNormMin;
-  const float along = clamped ? 0.f : u[0] * gu[0] + u[1] * gu[1] + u[2] * gu[2];
-  for (int a = 0; a < 3; ++a) v_dirs[3 * i + a] = (gu[a] - along * u[a]) / length;
+  store_rows(w, v_coeffs);
 }
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kShThreads - 1) / kShThreads); }
+
+// f(std::integral_constant<int, degree>) for the run-time degree 0-3 (sh_params checked it).
+template <typename F>
+cudaError_t with_degree(int degree, F&& f) {
+  switch (degree) {
+    case 0: return f(std::integral_constant<int, 0>{});
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 }  // namespace
 
 cudaError_t launch_sh_forward(const ShParams& p, float* rgb, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  sh_forward_kernel<<<blocks_for(p.n), kShThreads, 0, stream>>>(p, rgb);
-  return cudaGetLastError();
+  return with_degree(p.degree, [&](auto degree) {
+    sh_forward_kernel<degree()><<<blocks_for(p.n), kShThreads, shared_bytes(p.k), stream>>>(p, rgb);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_coeffs, float* v_dirs,
                                cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  sh_backward_kernel<<<blocks_for(p.n), kShThreads, 0, stream>>>(p, v_rgb, v_coeffs, v_dirs);
-  return cudaGetLastError();
+  return with_degree(p.degree, [&](auto degree) {
+    sh_backward_kernel<degree()><<<blocks_for(p.n), kShThreads, shared_bytes(p.k), stream>>>(p, v_rgb, v_coeffs,
+                                                                                             v_dirs);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace bytesplat

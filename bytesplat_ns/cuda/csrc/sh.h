@@ -9,6 +9,7 @@
 //           dL/dcoeffs_k = basis_k * g (zero for bases past the degree) and dL/d dirs through the bases'
 //           derivatives and the normalisation, where g = dL/drgb where the unclamped sum is >= 0, else 0 (torch's
 //           clamp_min gradient).
+// Both move each warp's coefficient rows through shared memory, so that device memory sees whole rows (sh.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,7 +24,7 @@ struct ShParams {
   const float* coeffs;  // [N, K, 3]
   const float* dirs;    // [N, 3], any length
   int64_t n;
-  int k;                // coefficients per splat, K >= (degree + 1)^2
+  int k;                // coefficients per splat, (degree + 1)^2 <= K <= 16
   int degree;
 };
 
