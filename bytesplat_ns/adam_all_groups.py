@@ -76,9 +76,10 @@ class AdamAllGroups:
                 self.lrs[index].fill_(lr)
                 self._lr_values[index] = lr
 
-    def step(self, radii: Tensor | None = None) -> None:
+    def step(self, radii: Tensor | None = None, skip: Tensor | None = None) -> None:
         """Adam on every group with a gradient (as torch, groups without one are skipped). `radii`: [..., N] of
-        this step's render, its zeros the splats out of view (used with visible_only)."""
+        this step's render, its zeros the splats out of view (used with visible_only). `skip`: [] bool on the
+        device, True (a step the non-finite guard rejected) changes nothing."""
         params, grads, avgs, avg_sqs, steps, betas, eps, used = [], [], [], [], [], [], [], []
         for index, opt in enumerate(self.optimizers.optimizers.values()):
             group = opt.param_groups[0]
@@ -100,7 +101,7 @@ class AdamAllGroups:
         visible = None
         if self.visible_only and radii is not None:
             visible = (radii.reshape(-1, radii.shape[-1]) > 0).any(dim=0)
-        ops.adam_step(params, grads, avgs, avg_sqs, steps, lrs, betas, eps, self.blocks_done, visible)
+        ops.adam_step(params, grads, avgs, avg_sqs, steps, lrs, betas, eps, self.blocks_done, visible, skip)
 
 
 def _state(opt: torch.optim.Optimizer, param: Tensor) -> dict:

@@ -1,9 +1,10 @@
 """Non-finite loss or gradients: skip the update on the device, check a flag every K steps, restore.
 
-Each step, `after_backward` folds "loss and all gradients finite" into a device flag and zeroes the
-gradients of a bad step (no host sync). Every `check_every` steps `check` reads the flag once: if a bad
-step happened, parameters and optimizer state go back to the last good snapshot; otherwise a new
-snapshot is taken. Training goes on either way.
+Each step, `after_backward` folds "loss and all gradients finite" into a device flag and returns this step's
+flag; the one-launch Adam (adam_all_groups.py) reads it and leaves a bad step's parameters and moments as they
+are, and for any other optimizer the gradients of a bad step are zeroed (no host sync either way). Every
+`check_every` steps `check` reads the flag once: if a bad step happened, parameters and optimizer state go back
+to the last good snapshot; otherwise a new snapshot is taken. Training goes on either way.
 
 The snapshot is one copy of every parameter and its Adam moments (three floats per parameter float: 1.4 GB
 for 2M splats). While no refine has changed a shape it is refreshed in place; otherwise the old copy is
@@ -34,9 +35,12 @@ class NonFiniteGuard:
         self.snapshot: _Snapshot | None = None
         self.events: list[str] = []
 
-    def after_backward(self, step: int | Tensor, loss: Tensor, optimizers: dict[str, torch.optim.Optimizer]) -> None:
-        """`step`: the step number, or a [] int64 device tensor holding it (a replayed CUDA graph, step_graph.py).
-        The flags are updated in place, so a replayed step updates the same flags as an eager one."""
+    def after_backward(self, step: int | Tensor, loss: Tensor, optimizers: dict[str, torch.optim.Optimizer],
+                       zero_bad_grads: bool = True) -> Tensor:  # fmt: skip
+        """-> [] bool on the device, True when this step's loss or a gradient is not finite. `step`: the step
+        number, or a [] int64 device tensor holding it (a replayed CUDA graph, step_graph.py). The flags are
+        updated in place, so a replayed step updates the same flags as an eager one. `zero_bad_grads`: zero a
+        bad step's gradients (False where the optimizer skips on the returned flag instead)."""
         grads = [
             p.grad for opt in optimizers.values() for g in opt.param_groups for p in g["params"] if p.grad is not None
         ]
@@ -46,14 +50,16 @@ class NonFiniteGuard:
         norms = torch._foreach_norm(grads) if grads else []
         finite = torch.isfinite(torch.stack([loss.detach().float().reshape(()), *norms])).all()
         bad_now = ~finite
-        for grad in grads:
-            grad.masked_fill_(bad_now, 0.0)  # a bad step's update becomes (nearly) nil
+        if zero_bad_grads:
+            for grad in grads:
+                grad.masked_fill_(bad_now, 0.0)  # a bad step's update becomes (nearly) nil
         if self.bad is None:
             self.bad = torch.zeros((), dtype=torch.bool, device=loss.device)
             self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=loss.device)
         newly_bad = bad_now & ~self.bad
         self.first_bad_step.copy_(torch.where(newly_bad, step, self.first_bad_step))
         self.bad |= bad_now
+        return bad_now
 
     def due(self, step: int) -> bool:
         return self.check_every > 0 and step % self.check_every == 0

@@ -321,12 +321,15 @@ class ByteSplatTrainer(Trainer):
                 self.pipeline.exchange_rows()
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
             clock.lap("exchange")
-        if self.guard.check_every > 0:
-            self.guard.after_backward(step if guard_step is None else guard_step, guarded_loss, optimizers.optimizers)
         stepping = self._stepping(step)
-        if self.adam is not None and len(stepping) == len(optimizers.optimizers):
+        one_launch = self.adam is not None and len(stepping) == len(optimizers.optimizers)
+        bad = None
+        if self.guard.check_every > 0:  # the one-launch Adam skips a bad step on the flag; others get zeroed grads
+            bad = self.guard.after_backward(step if guard_step is None else guard_step, guarded_loss,
+                                            optimizers.optimizers, zero_bad_grads=not one_launch)  # fmt: skip
+        if one_launch:
             info = self.pipeline.model.info
-            self.adam.step(info.get("radii") if info else None)
+            self.adam.step(info.get("radii") if info else None, skip=bad)
         else:
             optimizers.optimizer_scaler_step_some(self.grad_scaler, stepping)
         return loss, loss_dict, metrics_dict, exchange

@@ -4,7 +4,8 @@ GPU: six groups shaped as the splat parameters (one of them large enough for the
 gradients each step, learning rates changed between steps; the parameters, both moments and the step counts
 within float rounding of torch's; a group without a gradient skipped as torch skips it; one kernel launch per
 step; the launch recorded in a CUDA graph and replayed with new learning rates; the visibility-masked update
-against a float64 reference. CPU: which configurations fall back to nerfstudio's per-group step, and why.
+against a float64 reference; a step the non-finite guard flags changes nothing. CPU: which configurations fall
+back to nerfstudio's per-group step, and why.
 """
 
 from __future__ import annotations
@@ -175,6 +176,31 @@ def test_visible_only_updates_the_rows_of_visible_splats():
                                        ("param", "exp_avg", "exp_avg_sq")):  # fmt: skip
                 torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-7, msg=f"{name} {what}")
             assert float(state["step"]) == step + 1
+
+
+@gpu
+def test_a_flagged_step_changes_nothing_and_an_unflagged_one_steps():
+    """`skip` (the non-finite guard's flag, on the device): True leaves parameters, moments and step counts as
+    they are, even with non-finite gradients; False steps as torch does."""
+    ours, theirs = _optimizers(2000, "cuda", seed=9), _optimizers(2000, "cuda", seed=9)
+    adam = AdamAllGroups(ours, "cuda")
+    gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for opts, gen in ((ours, gen_a), (theirs, gen_b)):
+        _lrs_step(opts, 0)
+        _set_grads(opts, gen)
+    adam.load_learning_rates()
+    adam.step(skip=torch.zeros((), dtype=torch.bool, device="cuda"))
+    theirs.optimizer_step_all()
+    _assert_same_state(ours, theirs)
+
+    _lrs_step(ours, 1)
+    _set_grads(ours, gen_a)
+    _param(ours, "scales").grad[5, 1] = float("nan")
+    adam.load_learning_rates()
+    adam.step(skip=torch.ones((), dtype=torch.bool, device="cuda"))
+    torch.cuda.synchronize()
+    _assert_same_state(ours, theirs)  # as after the first step: nothing moved, the steps still 1
+    assert int(adam.blocks_done) == 0  # the counter stays armed for the next launch
 
 
 def test_the_cpu_and_other_optimizers_take_the_per_group_step():

@@ -126,6 +126,23 @@ def test_guard_flags_a_nonfinite_gradient_and_zeroes_that_steps_gradients():
     assert int(guard.first_bad_step) == 4 and bool((params[0].grad == 1).all())
 
 
+def test_guard_returns_the_steps_flag_for_an_optimizer_that_skips_on_it():
+    """zero_bad_grads=False (the one-launch Adam reads the flag): the gradients stay as they are."""
+    from bytesplat_ns.finite_guard import NonFiniteGuard
+
+    param = torch.nn.Parameter(torch.zeros(4, 3))
+    optimizers = {"a": torch.optim.Adam([param])}
+    guard = NonFiniteGuard(check_every=10)
+    param.grad = torch.ones_like(param)
+    assert not bool(guard.after_backward(1, torch.tensor(0.5), optimizers, zero_bad_grads=False))
+    param.grad[1, 2] = math.nan
+    bad = guard.after_backward(2, torch.tensor(0.5), optimizers, zero_bad_grads=False)
+    assert bool(bad) and bool(guard.bad) and int(guard.first_bad_step) == 2
+    assert int((param.grad == 1).sum()) == 11  # untouched
+    param.grad = torch.ones_like(param)
+    assert not bool(guard.after_backward(3, torch.tensor(0.5), optimizers, zero_bad_grads=False))  # this step's
+
+
 def test_guard_refreshes_its_snapshot_in_place_until_a_shape_changes():
     """One snapshot at a time: the same tensors are overwritten while shapes hold, and a restore brings back the
     values of the last check."""

@@ -405,7 +405,8 @@ def adam_step(
     eps: list[float],
     blocks_done: Tensor,  # [1] int32 zeros, kept between calls (the kernel re-arms it)
     visible: Tensor | None = None,  # [N] bool: rows of groups with N rows step only where True
+    skip: Tensor | None = None,  # [] bool: True leaves parameters, moments and steps as they are
 ) -> None:
     """One Adam step (torch's fused arithmetic) of up to 8 parameter groups in one launch (csrc/adam.h)."""
     beta1, beta2 = [b[0] for b in betas], [b[1] for b in betas]
-    ext().adam_step(params, grads, exp_avgs, exp_avg_sqs, steps, lrs, beta1, beta2, eps, visible, blocks_done)
+    ext().adam_step(params, grads, exp_avgs, exp_avg_sqs, steps, lrs, beta1, beta2, eps, visible, skip, blocks_done)

@@ -7,7 +7,8 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                const std::vector<at::Tensor>& steps, const at::Tensor& lrs, const std::vector<double>& beta1,
                const std::vector<double>& beta2, const std::vector<double>& eps,
-               const c10::optional<at::Tensor>& visible, const at::Tensor& blocks_done) {
+               const c10::optional<at::Tensor>& visible, const c10::optional<at::Tensor>& skip,
+               const at::Tensor& blocks_done) {
   const size_t groups = params.size();
   BYTESPLAT_CHECK(groups >= 1 && groups <= static_cast<size_t>(kMaxAdamGroups), "between 1 and ", kMaxAdamGroups,
               " parameter groups, got ", groups);
@@ -25,6 +26,10 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     BYTESPLAT_CHECK_INPUT(visible.value(), at::kBool);
     BYTESPLAT_CHECK(visible->dim() == 1, "visible must be [N]");
     rows = visible->size(0);
+  }
+  if (skip.has_value()) {
+    BYTESPLAT_CHECK_INPUT(skip.value(), at::kBool);
+    BYTESPLAT_CHECK(skip->numel() == 1 && skip->device() == lrs.device(), "skip must be one bool on ", lrs.device());
   }
   AdamParams p{};
   int64_t total = 0;
@@ -53,6 +58,7 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
   p.groups = static_cast<int>(groups);
   p.lrs = lrs.data_ptr<float>();
   p.visible = visible.has_value() ? visible->data_ptr<bool>() : nullptr;
+  p.skip = skip.has_value() ? skip->data_ptr<bool>() : nullptr;
   p.blocks_done = reinterpret_cast<unsigned int*>(blocks_done.data_ptr<int32_t>());
   BYTESPLAT_CHECK_CUDA_STATUS(launch_adam(p, c10::cuda::getCurrentCUDAStream().stream()));
 }

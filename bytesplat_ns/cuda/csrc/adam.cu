@@ -10,6 +10,7 @@ constexpr int kAdamThreads = 256;
 __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamParams p) {
   __shared__ float step_size[kMaxAdamGroups];   // lr / (1 - b1^t)
   __shared__ float inv_bc2_sqrt[kMaxAdamGroups];  // 1 / sqrt(1 - b2^t)
+  if (p.skip != nullptr && *p.skip) return;  // every block: the counter stays at zero, the steps as they are
   if (threadIdx.x < p.groups) {
     const int g = static_cast<int>(threadIdx.x);
     const double t = static_cast<double>(*p.step[g]) + 1.0;

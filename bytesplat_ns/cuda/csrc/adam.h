@@ -7,7 +7,9 @@
 // learning rates read from a device tensor, so the launch can be recorded in a CUDA graph and replayed with new
 // rates. The last block to finish adds 1 to every group's step (after every block has read it) and re-arms the
 // block counter. With `visible`, a group whose rows are splats (row_width > 0) updates only the rows of visible
-// splats; the others keep their parameters and moments (the step count still advances).
+// splats; the others keep their parameters and moments (the step count still advances). With `skip` set on the
+// device (a step whose loss or gradients the non-finite guard found not finite) the launch changes nothing: every
+// block returns at once, the step counts stay.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,6 +34,7 @@ struct AdamParams {
   int groups;
   const float* lrs;            // [groups]
   const bool* visible;         // [N] or nullptr
+  const bool* skip;            // [] or nullptr
   unsigned int* blocks_done;   // [1], zero between launches
 };
 
@@ -46,12 +49,14 @@ namespace bytesplat {
 
 // One Adam step of every group, in place. params/grads/exp_avgs/exp_avg_sqs: float32 on one device, one tensor
 // per group; steps: [] float32; lrs: [groups] float32; betas/eps per group; visible: [N] bool (rows of groups
-// whose first dimension is N); blocks_done: [1] int32 zeros, kept between calls.
+// whose first dimension is N); skip: [] bool, true leaves everything as it is; blocks_done: [1] int32 zeros,
+// kept between calls.
 void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                const std::vector<at::Tensor>& steps, const at::Tensor& lrs, const std::vector<double>& beta1,
                const std::vector<double>& beta2, const std::vector<double>& eps,
-               const c10::optional<at::Tensor>& visible, const at::Tensor& blocks_done);
+               const c10::optional<at::Tensor>& visible, const c10::optional<at::Tensor>& skip,
+               const at::Tensor& blocks_done);
 
 }  // namespace bytesplat
 #endif
