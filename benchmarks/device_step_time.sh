@@ -8,7 +8,7 @@
 # with its timeline from that step (20 steps) read by benchmarks/graph_trace.py (the replayed graph's kernels by
 # name), then benchmarks/step_time.py on lego
 # (STEP_TIME_ARGS: its options, e.g. "--steps 7000"; "skip": not run). Files in $OUT: build.log, pytest.log,
-# {time_to_target,versions_ab,host_samples,gpu_pace,graph_trace,step_time}.{log,json};
+# {time_to_target,versions_ab,host_samples,gpu_pace,graph_trace,step_time}.{log,json}, step_trace.json.gz;
 # table last.
 # The lent machine sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so there every Python process
 # compiles the sources of torch, nerfstudio and the rest anew: ns-train's imports took 15-18 s against 8 s with the
@@ -51,6 +51,7 @@ if [ -n "${GPU_PACE_ARGS:-}" ]; then
   bench gpu_pace $GPU_PACE_ARGS
 fi
 if [ -n "${GRAPH_TRACE_START:-}" ]; then
+  rm -rf /tmp/graph-trace
   python3 benchmarks/offline_nerfstudio.py ns-train bytesplat --data .device-kit/data/lego \
     --max-num-iterations $((GRAPH_TRACE_START + 40)) --vis tensorboard --steps-per-eval-image 0 \
     --steps-per-eval-all-images 0 --steps-per-save 100000 --output-dir /tmp/graph-trace --experiment-name t \
@@ -58,6 +59,7 @@ if [ -n "${GRAPH_TRACE_START:-}" ]; then
     --pipeline.model.background-color white blender-data > "$OUT/graph_trace_run.log" 2>&1 || status=1
   python3 benchmarks/graph_trace.py /tmp/graph-trace/t/bytesplat/t/step_trace.json.gz --json "$OUT/graph_trace.json" \
     > "$OUT/graph_trace.log" 2>&1 || status=1
+  cp /tmp/graph-trace/t/bytesplat/t/step_trace.json.gz "$OUT/" 2>/dev/null
   head -40 "$OUT/graph_trace.log"
 fi
 if [ "${STEP_TIME_ARGS:-}" != skip ]; then

@@ -3,8 +3,8 @@
 `ns-train bytesplat ... --profile-steps 20 --profile-start 6510 --profile-trace True` writes the profiled steps'
 timeline beside the run (step_trace.json.gz, step_profile.py). This reads it per interval between two CUDA graph
 launches (one replayed step):
-- the graph's GPU work: its kernels, copies and memsets up to the step's first device-to-host copy (the late
-  read that follows each replay), their span and busy time, and how many are tiny (under 3 us);
+- the graph's GPU work: its kernels, copies and memsets (matched to their launch by its correlation id), their
+  span and busy time, and how many are tiny (under 3 us);
 - the host: cudaGraphLaunch's own duration (it grows with the graph's node count), the time from the launch to
   the first kernel, and the launch-to-launch interval (the step as the profiled run paced it);
 prints one interval's host timeline (top-level torch ops and CUDA calls; the gaps between them are Python), and
@@ -17,7 +17,6 @@ Medians over the intervals; the profiler slows host ops, so compare host figures
 from __future__ import annotations
 
 import argparse
-import bisect
 import gzip
 import json
 import statistics
@@ -29,22 +28,23 @@ HOST = ("cpu_op", "cuda_runtime")
 
 
 def intervals(trace: dict) -> tuple[list[dict], list[list[dict]], list[dict]]:
-    """-> (graph launches, the device events of each launch-to-launch interval, host events), sorted by time."""
+    """-> (graph launches, each launch's device events, host events), sorted by time. A graph's nodes carry their
+    launch's correlation id; where the GPU runs behind the host they run after the next launch, so they are
+    matched by that id, not by time."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     launches = sorted((e for e in events if e["name"] == "cudaGraphLaunch"), key=lambda e: e["ts"])
-    starts = [e["ts"] for e in launches]
-    device: list[list[dict]] = [[] for _ in launches[:-1]]
+    launch_of = {e["args"]["correlation"]: i for i, e in enumerate(launches)}
+    device: list[list[dict]] = [[] for _ in launches]
     for e in sorted((e for e in events if e.get("cat") in DEVICE), key=lambda e: e["ts"]):
-        i = bisect.bisect_right(starts, e["ts"]) - 1
-        if 0 <= i < len(device):
+        i = launch_of.get(e.get("args", {}).get("correlation"))
+        if i is not None:
             device[i].append(e)
     host = sorted((e for e in events if e.get("cat") in HOST), key=lambda e: e["ts"])
     return launches, device, host
 
 
-def replay_figures(launch: dict, next_launch: dict, work: list[dict]) -> dict[str, float]:
-    """One interval's figures; the graph's work ends before the first device-to-host copy."""
-    graph = graph_work(work)
+def replay_figures(launch: dict, next_launch: dict, graph: list[dict]) -> dict[str, float]:
+    """One replay's figures."""
     tiny = [e for e in graph if e["dur"] < TINY_US]
     return {
         "graph nodes run": len(graph),
@@ -56,12 +56,6 @@ def replay_figures(launch: dict, next_launch: dict, work: list[dict]) -> dict[st
         "launch to first kernel us": graph[0]["ts"] - launch["ts"],
         "launch to launch us": next_launch["ts"] - launch["ts"],
     }
-
-
-def graph_work(work: list[dict]) -> list[dict]:
-    """An interval's device events up to its first device-to-host copy: the replayed graph's nodes."""
-    end = next((i for i, e in enumerate(work) if "DtoH" in e["name"]), len(work))
-    return work[:end]
 
 
 def kernels_by_name(graphs: list[list[dict]], width: int = 120) -> list[dict]:
@@ -84,14 +78,14 @@ def main() -> None:
     args = parser.parse_args()
     launches, device, host = intervals(json.loads(gzip.open(args.trace).read()))
     # the first interval holds the profiler's start-up; an interval without kernels is not a replay
-    rows = [replay_figures(launches[i], launches[i + 1], work) for i, work in enumerate(device) if i > 0 and work]
+    rows = [replay_figures(launches[i], launches[i + 1], work) for i, work in enumerate(device[:-1]) if i > 0 and work]
     print(f"{len(rows)} replayed steps")
     medians = {}
     for name in rows[0]:
         values = [r[name] for r in rows]
         medians[name] = statistics.median(values)
         print(f"{name:28s} median {medians[name]:8.1f}  min {min(values):8.1f}  max {max(values):8.1f}")
-    kernels = kernels_by_name([graph_work(work) for i, work in enumerate(device) if i > 0 and work])
+    kernels = kernels_by_name([work for i, work in enumerate(device[:-1]) if i > 0 and work])
     print("\nthe graph's nodes by name, per replayed step (medians):\n   count       us  name")
     for row in kernels:
         print(f"{row['per_step']:8.1f} {row['us']:8.1f}  {row['name']}")

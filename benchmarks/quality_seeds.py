@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,8 +82,9 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
 
 def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blender-data",
           save_every: int | None = None, wrapper: Sequence[str] = ()) -> None:  # fmt: skip
-    """Start ns-train for `run`: a checkpoint at the end (and every `save_every` views, all kept, if given);
-    `wrapper`: a command that runs it (a profiler)."""
+    """Start ns-train for `run` in a new run folder (an earlier run's there is removed: its events would count as
+    this run's): a checkpoint at the end (and every `save_every` views, all kept, if given); `wrapper`: a command
+    that runs it (a profiler)."""
     # bytesplat reads --max-num-iterations (and --steps-per-save) as views: views / N steps on N GPUs
     keep_all = ["--save-only-latest-checkpoint", "False"] if save_every else []
     # a lane's options may end with the dataparser and its own options (e.g. "blender-data --alpha-color None")
@@ -96,12 +98,13 @@ def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blende
         *run.args[:cut], "--pipeline.model.background-color", "white", *(run.args[cut:] or [dataparser]),
     ]  # fmt: skip
     env = {**_env(run.gpus), "TORCHDYNAMO_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    run.folder = out / "runs" / run.lane / run.method / str(run.seed)
+    shutil.rmtree(run.folder, ignore_errors=True)
     run.log.parent.mkdir(parents=True, exist_ok=True)
     with open(run.log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         run.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    run.folder = out / "runs" / run.lane / run.method / str(run.seed)
     run.started = time.perf_counter()
 
 
