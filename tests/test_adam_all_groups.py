@@ -21,15 +21,22 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the one-launch A
 SPLAT_GROUPS = ("means", "features_dc", "features_rest", "opacities", "scales", "quats")
 
 
-def _optimizers(num_splats: int, device: str, seed: int, **options) -> Optimizers:
-    """nerfstudio's Optimizers over random splat parameters, with bytesplat's Adam settings per group."""
+def _optimizers(num_splats: int, device: str, seed: int, unaligned: bool = False, **options) -> Optimizers:
+    """nerfstudio's Optimizers over random splat parameters, with bytesplat's Adam settings per group.
+    `unaligned`: each parameter starts one float into its storage (not 16-byte aligned)."""
     gen = torch.Generator().manual_seed(seed)
     shapes = {"means": (3,), "features_dc": (3,), "features_rest": (15, 3), "opacities": (1,), "scales": (3,),
               "quats": (4,)}  # fmt: skip
-    params = {
-        name: [torch.nn.Parameter(torch.randn(num_splats, *shapes[name], generator=gen).to(device))]
-        for name in SPLAT_GROUPS
-    }
+
+    def make(shape: tuple) -> torch.Tensor:
+        values = torch.randn(num_splats, *shape, generator=gen).to(device)
+        if not unaligned:
+            return values
+        storage = torch.empty(values.numel() + 1, device=device)
+        storage[1:] = values.reshape(-1)
+        return storage[1:].view(values.shape)
+
+    params = {name: [torch.nn.Parameter(make(shapes[name]))] for name in SPLAT_GROUPS}
     config = {name: splatfacto_optimizers()[name] for name in SPLAT_GROUPS}
     for name, value in options.items():
         for group in config.values():
@@ -68,8 +75,12 @@ def _assert_same_state(ours: Optimizers, theirs: Optimizers) -> None:
 
 @gpu
 @pytest.mark.parametrize("num_splats", [1, 777, 20_000])
-def test_one_launch_matches_torch_fused_adam_per_group(num_splats):
-    ours, theirs = _optimizers(num_splats, "cuda", seed=num_splats), _optimizers(num_splats, "cuda", seed=num_splats)
+@pytest.mark.parametrize("unaligned", [False, True], ids=["aligned", "unaligned"])
+def test_one_launch_matches_torch_fused_adam_per_group(num_splats, unaligned):
+    """Aligned: four elements per 16-byte access, a group's last four partial at 777 splats; unaligned: the
+    parameters one float into their storage, stepped one element at a time."""
+    ours = _optimizers(num_splats, "cuda", seed=num_splats, unaligned=unaligned)
+    theirs = _optimizers(num_splats, "cuda", seed=num_splats, unaligned=unaligned)
     adam = AdamAllGroups(ours, "cuda")
     gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     for step in range(6):

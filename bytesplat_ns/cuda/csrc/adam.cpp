@@ -47,8 +47,14 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     p.exp_avg[g] = exp_avgs[g].data_ptr<float>();
     p.exp_avg_sq[g] = exp_avg_sqs[g].data_ptr<float>();
     p.step[g] = steps[g].data_ptr<float>();
-    total += params[g].numel();
+    total += (params[g].numel() + kAdamVector - 1) / kAdamVector;
     p.end[g] = total;
+    p.numel[g] = params[g].numel();
+    p.aligned[g] = true;
+    for (const void* ptr : {static_cast<const void*>(p.param[g]), static_cast<const void*>(p.grad[g]),
+                            static_cast<const void*>(p.exp_avg[g]), static_cast<const void*>(p.exp_avg_sq[g])}) {
+      p.aligned[g] = p.aligned[g] && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+    }
     const bool splat_rows = rows > 0 && params[g].dim() >= 1 && params[g].size(0) == rows;
     p.row_width[g] = splat_rows ? params[g].numel() / rows : 0;
     p.beta1[g] = static_cast<float>(beta1[g]);

@@ -7,6 +7,14 @@ namespace {
 
 constexpr int kAdamThreads = 256;
 
+// torch's fused Adam on one element, in place.
+__device__ inline void adam_update(float& param, float& m, float& v, float grad, float b1, float b2, float step_size,
+                                   float inv_bc2_sqrt, float eps) {
+  m = b1 * m + (1.f - b1) * grad;
+  v = b2 * v + (1.f - b2) * grad * grad;
+  param -= step_size * m / (sqrtf(v) * inv_bc2_sqrt + eps);
+}
+
 __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamParams p) {
   __shared__ float step_size[kMaxAdamGroups];   // lr / (1 - b1^t)
   __shared__ float inv_bc2_sqrt[kMaxAdamGroups];  // 1 / sqrt(1 - b2^t)
@@ -23,15 +31,28 @@ __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamParams p) 
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const EndToEnd at = EndToEnd::locate(i, p.end);
     const int g = at.buffer;
-    const int64_t e = at.index;
-    if (p.visible != nullptr && p.row_width[g] > 0 && !p.visible[e / p.row_width[g]]) continue;
-    const float grad = p.grad[g][e];
-    const float b1 = p.beta1[g], b2 = p.beta2[g];
-    const float m = b1 * p.exp_avg[g][e] + (1.f - b1) * grad;
-    const float v = b2 * p.exp_avg_sq[g][e] + (1.f - b2) * grad * grad;
-    p.exp_avg[g][e] = m;
-    p.exp_avg_sq[g][e] = v;
-    p.param[g][e] -= step_size[g] * m / (sqrtf(v) * inv_bc2_sqrt[g] + p.eps[g]);
+    const int64_t first = at.index * kAdamVector;
+    const float b1 = p.beta1[g], b2 = p.beta2[g], size = step_size[g], inv = inv_bc2_sqrt[g], eps = p.eps[g];
+    const bool masked = p.visible != nullptr && p.row_width[g] > 0;
+    if (p.aligned[g] && !masked && first + kAdamVector <= p.numel[g]) {
+      float4 param = *reinterpret_cast<const float4*>(p.param[g] + first);
+      const float4 grad = *reinterpret_cast<const float4*>(p.grad[g] + first);
+      float4 m = *reinterpret_cast<const float4*>(p.exp_avg[g] + first);
+      float4 v = *reinterpret_cast<const float4*>(p.exp_avg_sq[g] + first);
+      adam_update(param.x, m.x, v.x, grad.x, b1, b2, size, inv, eps);
+      adam_update(param.y, m.y, v.y, grad.y, b1, b2, size, inv, eps);
+      adam_update(param.z, m.z, v.z, grad.z, b1, b2, size, inv, eps);
+      adam_update(param.w, m.w, v.w, grad.w, b1, b2, size, inv, eps);
+      *reinterpret_cast<float4*>(p.param[g] + first) = param;
+      *reinterpret_cast<float4*>(p.exp_avg[g] + first) = m;
+      *reinterpret_cast<float4*>(p.exp_avg_sq[g] + first) = v;
+      continue;
+    }
+    const int64_t last = min(first + kAdamVector, p.numel[g]);
+    for (int64_t e = first; e < last; ++e) {
+      if (masked && !p.visible[e / p.row_width[g]]) continue;
+      adam_update(p.param[g][e], p.exp_avg[g][e], p.exp_avg_sq[g][e], p.grad[g][e], b1, b2, size, inv, eps);
+    }
   }
   // Every thread of this block has read the steps; the last block of the grid advances them.
   __syncthreads();

@@ -1,7 +1,8 @@
 // Adam over every parameter group in one launch (bytesplat_ns/adam_all_groups.py).
 //
-// The groups' elements are laid end to end and walked by one grid; each element finds its group from the
-// cumulative counts. The arithmetic is torch's fused Adam (no weight decay, amsgrad or maximize):
+// The groups' elements are laid end to end, four at a time, and walked by one grid; each thread's four find their
+// group from the cumulative counts and move as one 16-byte load and store per tensor where the group's tensors
+// are 16-byte aligned and the four fall inside it (else, and for rows masked by `visible`, one at a time). The arithmetic is torch's fused Adam (no weight decay, amsgrad or maximize):
 //   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // with t = step + 1 read from each group's step tensor (torch's state["step"], float32 on the device) and the
 // learning rates read from a device tensor, so the launch can be recorded in a CUDA graph and replayed with new
@@ -19,6 +20,7 @@
 namespace bytesplat {
 
 constexpr int kMaxAdamGroups = 8;
+constexpr int kAdamVector = 4;  // elements per thread and grid-stride iteration
 
 struct AdamParams {
   float* param[kMaxAdamGroups];
@@ -26,7 +28,9 @@ struct AdamParams {
   float* exp_avg[kMaxAdamGroups];
   float* exp_avg_sq[kMaxAdamGroups];
   float* step[kMaxAdamGroups];   // [] each
-  int64_t end[kMaxAdamGroups];   // elements of groups 0..g together
+  int64_t end[kMaxAdamGroups];   // fours of elements of groups 0..g together (a group's last four may be partial)
+  int64_t numel[kMaxAdamGroups];  // elements of group g
+  bool aligned[kMaxAdamGroups];   // group g's param, grad and moments all 16-byte aligned
   int64_t row_width[kMaxAdamGroups];  // elements per splat row; 0: not masked by `visible`
   float beta1[kMaxAdamGroups];
   float beta2[kMaxAdamGroups];
