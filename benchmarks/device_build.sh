@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the device_*.sh scripts on the GPU machine: build (or load) bytesplat's CUDA extension once and copy
-# the built .so to $OUT, so a later call can carry it back (put it in .build-cache/ext/ and carry .build-cache).
+# the .so to $OUT when this call built it, so a later call can carry it back (put it in .build-cache/ext/ and carry
+# .build-cache); one loaded from the carried cache is not sent back ($OUT holds 8 files).
 # Writes $OUT/build.log.
 export MAX_JOBS=12 TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
 export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext}
@@ -12,14 +13,18 @@ from bytesplat_ns.cuda import build, ops
 import torch
 
 t = time.time()
+carried = build.prebuilt_path(build.module_name()) is not None
 build.load()
 print(f"{build.module_name()} ready in {time.time() - t:.1f} s (prebuilt: {build.prebuilt_path(build.module_name())})")
+print("loaded from the carried cache" if carried else "built in this call")
 cuda = torch.device("cuda")
 for side in (ops.TILE_SIZE, ops.SMALL_TILE_SIZE):
     print(f"on-chip capacity, {side}-pixel tiles: rgb", ops.tile_capacity(cuda, 3, side), "rgb+depth",
           ops.tile_capacity(cuda, 4, side))
 PY
-tail -2 "$OUT/build.log"
+tail -3 "$OUT/build.log"
 so=$(python3 -c "from bytesplat_ns.cuda import build; print(build.prebuilt_path(build.module_name()) or '')")
-[ -n "$so" ] && cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
+if [ -n "$so" ] && grep -q "built in this call" "$OUT/build.log"; then
+  cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
+fi
 echo "build: $(( $(date +%s) - build_start )) s"

@@ -56,9 +56,9 @@ if [ -n "${GRAPH_TRACE_START:-}" ]; then
     --max-num-iterations $((GRAPH_TRACE_START + 40)) --vis tensorboard --steps-per-eval-image 0 \
     --steps-per-eval-all-images 0 --steps-per-save 100000 --output-dir /tmp/graph-trace --experiment-name t \
     --timestamp t --summary-eval False --profile-steps 20 --profile-start "$GRAPH_TRACE_START" --profile-trace True \
-    --pipeline.model.background-color white blender-data > "$OUT/graph_trace_run.log" 2>&1 || status=1
+    --pipeline.model.background-color white blender-data > /tmp/graph-trace.log 2>&1 || status=1
   python3 benchmarks/graph_trace.py /tmp/graph-trace/t/bytesplat/t/step_trace.json.gz --json "$OUT/graph_trace.json" \
-    > "$OUT/graph_trace.log" 2>&1 || status=1
+    > "$OUT/graph_trace.log" 2>&1 || { status=1; tail -40 /tmp/graph-trace.log >> "$OUT/graph_trace.log"; }
   cp /tmp/graph-trace/t/bytesplat/t/step_trace.json.gz "$OUT/" 2>/dev/null
   head -40 "$OUT/graph_trace.log"
 fi
