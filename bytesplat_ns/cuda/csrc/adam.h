@@ -2,7 +2,8 @@
 //
 // The groups' elements are laid end to end, four at a time, and walked by one grid; each thread's four find their
 // group from the cumulative counts and move as one 16-byte load and store per tensor where the group's tensors
-// are 16-byte aligned and the four fall inside it (else, and for rows masked by `visible`, one at a time). The arithmetic is torch's fused Adam (no weight decay, amsgrad or maximize):
+// are 16-byte aligned and the four fall inside it (else, and for rows masked by `visible`, one at a time). The
+// arithmetic is torch's fused Adam (no weight decay, amsgrad or maximize):
 //   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // with t = step + 1 read from each group's step tensor (torch's state["step"], float32 on the device) and the
 // learning rates read from a device tensor, so the launch can be recorded in a CUDA graph and replayed with new
