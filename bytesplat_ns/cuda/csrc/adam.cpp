@@ -34,11 +34,13 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
   AdamParams p{};
   int64_t total = 0;
   for (size_t g = 0; g < groups; ++g) {
+    p.aligned[g] = true;
     for (const at::Tensor* t : {&params[g], &grads[g], &exp_avgs[g], &exp_avg_sqs[g]}) {
       BYTESPLAT_CHECK_INPUT(*t, at::kFloat);
       BYTESPLAT_CHECK(t->sizes() == params[g].sizes(), "group ", g, ": gradient and moments must match the parameter's ",
                   "shape ", params[g].sizes(), ", got ", t->sizes());
       BYTESPLAT_CHECK(t->device() == lrs.device(), "every tensor must be on ", lrs.device());
+      p.aligned[g] = p.aligned[g] && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
     }
     BYTESPLAT_CHECK_INPUT(steps[g], at::kFloat);
     BYTESPLAT_CHECK(steps[g].numel() == 1, "group ", g, ": the step must be a one-element tensor");
@@ -50,11 +52,6 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     total += (params[g].numel() + kAdamVector - 1) / kAdamVector;
     p.end[g] = total;
     p.numel[g] = params[g].numel();
-    p.aligned[g] = true;
-    for (const void* ptr : {static_cast<const void*>(p.param[g]), static_cast<const void*>(p.grad[g]),
-                            static_cast<const void*>(p.exp_avg[g]), static_cast<const void*>(p.exp_avg_sq[g])}) {
-      p.aligned[g] = p.aligned[g] && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
-    }
     const bool splat_rows = rows > 0 && params[g].dim() >= 1 && params[g].size(0) == rows;
     p.row_width[g] = splat_rows ? params[g].numel() / rows : 0;
     p.beta1[g] = static_cast<float>(beta1[g]);

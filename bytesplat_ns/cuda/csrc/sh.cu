@@ -83,10 +83,13 @@ struct WarpRows {
   int pitch;      // row, made odd
 };
 
+// The staged rows' pitch for K coefficients per splat (the kernels' and the launch's shared memory).
+__host__ __device__ inline int row_pitch(int k) { return (3 * k) | 1; }
+
 __device__ inline WarpRows warp_rows(float* shared, int64_t n, int k) {
   WarpRows w;
   w.row = 3 * k;
-  w.pitch = w.row | 1;
+  w.pitch = row_pitch(k);
   w.stage = shared + (threadIdx.x / 32) * 32 * w.pitch;
   w.first = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x / 32) * 32;
   w.count = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(32), n - w.first)));
@@ -105,7 +108,7 @@ __device__ inline void store_rows(const WarpRows& w, float* __restrict__ rows) {
   for (int j = threadIdx.x % 32; j < w.count * w.row; j += 32) dst[j] = w.stage[j / w.row * w.pitch + j % w.row];
 }
 
-unsigned shared_bytes(int k) { return kShThreads * ((3 * k) | 1) * sizeof(float); }
+unsigned shared_bytes(int k) { return kShThreads * row_pitch(k) * sizeof(float); }
 
 // The kernels are instantiated per degree, so the bases and their loops unroll and stay in registers.
 template <int kDegree>
