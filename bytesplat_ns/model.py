@@ -230,15 +230,14 @@ class ByteSplatModel(SplatfactoModel):
     def splats(self, crop_ids: Tensor | None = None) -> Splats:
         """The Gaussians, activated, optionally restricted to crop_ids."""
         pick = (lambda t: t) if crop_ids is None else (lambda t: t[crop_ids])  # noqa: E731
-        colors = torch.cat([pick(self.features_dc)[:, None, :], pick(self.features_rest)], dim=1)  # [N, K, 3]
-        if self.config.sh_degree == 0:
-            colors = torch.sigmoid(colors[:, 0, :])  # [N, 3]
+        sh = self.config.sh_degree > 0
         return Splats(
             means=pick(self.means),
             quats=pick(self.quats),
             scales=torch.exp(pick(self.scales)),
             opacities=torch.sigmoid(pick(self.opacities)).squeeze(-1),
-            colors=colors,
+            colors=pick(self.features_dc) if sh else torch.sigmoid(pick(self.features_dc)),  # [N, 3]
+            sh_rest=pick(self.features_rest) if sh else None,  # [N, K - 1, 3], not joined to features_dc
         )
 
     def get_outputs(self, camera: Cameras, batch: dict | None = None) -> dict[str, Tensor | list]:

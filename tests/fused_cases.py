@@ -338,7 +338,9 @@ def check_pruning(scene: Scene, capacity: int, score_rtol: float) -> None:
 
 def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float, tile_size: int) -> None:
     """The whole fused backend on tiles of `tile_size` pixels against the gsplat backend on tiles of the same side
-    (which pixels a splat reaches depends on the tiles: its radius square picks them)."""
+    (which pixels a splat reaches depends on the tiles: its radius square picks them); the fused backend takes the
+    SH coefficients in two parts, as the model passes them."""
+    from tests.scenes import in_two_parts
     from tests.test_gsplat_parity import _assert_mostly_close, _on_device, _render_and_backprop, build_scene
 
     scene, cam32, _ = build_scene(20000, 203, 157, seed)
@@ -348,7 +350,7 @@ def check_backend_against_gsplat(seed: int, image_atol: float, grad_rtol: float,
     weights["depth"] *= 0.1
     gs = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "gsplat", weights, tile_size)
     with tile_side(tile_size):
-        fu = _render_and_backprop(_on_device(scene, torch.float32, True), cam32, "fused", weights)
+        fu = _render_and_backprop(in_two_parts(_on_device(scene, torch.float32, True)), cam32, "fused", weights)
     one = torch.ones((), dtype=F64, device=DEVICE)
     for name in ("rgb", "alpha"):
         assert torch.isfinite(fu[name]).all(), name

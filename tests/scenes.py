@@ -7,6 +7,7 @@ and world-to-camera view matrices, as `RasterCamera` expects.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,6 +102,23 @@ def make_splats(
     return Splats(
         means=leaf(means), quats=leaf(quats), scales=leaf(scales), opacities=leaf(opacities), colors=leaf(colors)
     )
+
+
+def in_two_parts(splats: Splats) -> Splats:
+    """The same splats with their SH coefficients [N, K, 3] as the model passes them: the first [N, 3] in colors,
+    the others [N, K - 1, 3] in sh_rest, each a fresh leaf."""
+
+    def leaf(t: Tensor) -> Tensor:
+        return t.detach().clone().requires_grad_(splats.colors.requires_grad)
+
+    return dataclasses.replace(splats, colors=leaf(splats.colors[:, 0]), sh_rest=leaf(splats.colors[:, 1:]))
+
+
+def colors_grad(splats: Splats) -> Tensor | None:
+    """[N, K, 3] (or [N, 3] for RGB) the gradient of the colours, joined when the SH coefficients come in two parts."""
+    if splats.sh_rest is None:
+        return splats.colors.grad
+    return torch.cat([splats.colors.grad[:, None], splats.sh_rest.grad], dim=1)
 
 
 @dataclass

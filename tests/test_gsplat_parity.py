@@ -24,7 +24,7 @@ import torch
 
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize
 from bytesplat_ns.render.projection import project
-from tests.scenes import SceneSpec, make_splats, random_scene, tilted_camera
+from tests.scenes import SceneSpec, colors_grad, make_splats, random_scene, tilted_camera
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat's CUDA rasterizer needs a CUDA GPU")
 
@@ -179,8 +179,9 @@ def _render_and_backprop(splats: Splats, cam: RasterCamera, backend: str, weight
     loss = sum((getattr(out, name) * w.to(dtype)).sum() for name, w in weights.items())
     loss.backward()
     result = {name: getattr(out, name).detach() for name in ("rgb", "alpha", "depth", "means2d", "radii")}
-    for name in ("means", "quats", "scales", "opacities", "colors"):
+    for name in ("means", "quats", "scales", "opacities"):
         result[f"{name}.grad"] = getattr(splats, name).grad
+    result["colors.grad"] = colors_grad(splats)
     result["means2d.grad"] = out.means2d.grad
     result["means2d.absgrad"] = getattr(out.means2d, "absgrad", None)
     return result

@@ -16,6 +16,7 @@ gsplat 1.4.0 rules mirrored here (classic mode, pinhole camera):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -23,7 +24,18 @@ import pytest
 import torch
 
 from bytesplat_ns.render import RasterizeOptions, rasterize
-from tests.scenes import SceneSpec, camera, camera_to_world, make_splats, random_scene, rotation, tilted_camera, viewmat
+from tests.scenes import (
+    SceneSpec,
+    camera,
+    camera_to_world,
+    colors_grad,
+    in_two_parts,
+    make_splats,
+    random_scene,
+    rotation,
+    tilted_camera,
+    viewmat,
+)
 
 # gsplat's constants, restated rather than imported from the code under test.
 EPS2D = 0.3
@@ -645,6 +657,27 @@ def test_chunking_does_not_change_the_result(monkeypatch):
     chunked = run()
     for a, b in zip(chunked, whole):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_sh_coefficients_in_two_parts_render_as_joined():
+    """The model passes features_dc and features_rest apart (colors [N, 3], sh_rest [N, K - 1, 3]): the same image
+    and gradients as the joined [N, K, 3]; shapes that do not fit either form are refused."""
+    cam = tilted_camera(40, 30, 35.0)
+    w = torch.randn(30, 40, 3, dtype=F64, generator=torch.Generator().manual_seed(18))
+
+    def run(splats):
+        out = rasterize(splats, cam, options(sh_degree=2))
+        (out.rgb * w).sum().backward()
+        return [out.rgb, splats.means.grad, colors_grad(splats)]
+
+    joined = _random_splats(18, 20, cam, 2, pixel_margin=4.0)
+    for a, b in zip(run(in_two_parts(joined)), run(joined)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    parts = in_two_parts(joined)
+    with pytest.raises(ValueError, match="two parts"):
+        rasterize(dataclasses.replace(parts, sh_rest=parts.sh_rest[:, :, :2]), cam, options(sh_degree=2))
+    with pytest.raises(ValueError, match="no sh_rest"):
+        rasterize(parts, cam, options(sh_degree=None))
 
 
 @pytest.mark.parametrize("count", [0, 2])

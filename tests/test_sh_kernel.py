@@ -1,6 +1,6 @@
-"""The SH colour kernels (csrc/sh.h) against render/sh.py's reference in float64: colours and both gradients, on
-fresh random splats, every degree, with outputs poisoned so an unwritten element fails; and a CUDA graph
-records them (GPU; skipped on the CPU)."""
+"""The SH colour kernels (csrc/sh.h) against render/sh.py's reference in float64: colours and the gradients of both
+coefficient parts and the directions, on fresh random splats, every degree, with outputs poisoned so an unwritten
+element fails; and a CUDA graph records them (GPU; skipped on the CPU)."""
 
 from __future__ import annotations
 
@@ -40,17 +40,21 @@ def test_colours_and_gradients_match_the_reference(degree, n, all_coeffs):
     ref.backward(v_rgb.double())
     assert (ref == 0).any() or n < 40_000  # some colours clamp: the gradient's mask is tested
 
-    coeffs.requires_grad_(), dirs.requires_grad_()
-    rgb = ops.sh_colors(degree, coeffs, dirs, poison=True)
+    dc, rest = coeffs[:, 0].clone().requires_grad_(), coeffs[:, 1:].clone().requires_grad_()  # as the model keeps them
+    dirs.requires_grad_()
+    rgb = ops.sh_colors(degree, dc, rest, dirs, poison=True)
     rgb.backward(v_rgb)
-    assert torch.isfinite(rgb).all() and torch.isfinite(coeffs.grad).all() and torch.isfinite(dirs.grad).all()
+    grads = (dc.grad, rest.grad, dirs.grad)
+    assert torch.isfinite(rgb).all() and all(torch.isfinite(g).all() for g in grads)
     assert float((rgb.detach().double() - ref.detach()).abs().max()) < ABS_TOL
-    assert_grad_close(coeffs.grad, ref_coeffs.grad, GRAD_RTOL, "dL/dcoeffs")
+    assert_grad_close(dc.grad, ref_coeffs.grad[:, 0], GRAD_RTOL, "dL/ddc")
+    if k > 1:
+        assert_grad_close(rest.grad, ref_coeffs.grad[:, 1:], GRAD_RTOL, "dL/drest")
     if degree == 0:  # a constant colour: the reference has no gradient w.r.t. dirs at all
         assert ref_dirs.grad is None and not dirs.grad.any()
     else:
         assert_grad_close(dirs.grad, ref_dirs.grad, GRAD_RTOL, "dL/ddirs")
-    assert not coeffs.grad[:, (degree + 1) ** 2 :].any()  # bases past the degree take no gradient
+    assert not rest.grad[:, degree * (degree + 2) :].any()  # bases past the degree take no gradient
 
 
 @gpu
@@ -59,7 +63,7 @@ def test_more_than_sixteen_coefficients_are_refused():
 
     coeffs, dirs, _ = _inputs(10, 17, seed=3)
     with pytest.raises(RuntimeError, match="at most 16 coefficients"):
-        ops.sh_colors(3, coeffs, dirs)
+        ops.sh_colors(3, coeffs[:, 0].contiguous(), coeffs[:, 1:].contiguous(), dirs)
 
 
 @gpu
@@ -67,24 +71,26 @@ def test_a_cuda_graph_records_the_kernels():
     """Replayed on new inputs, the recorded forward and backward give what an eager call gives."""
     from bytesplat_ns.cuda import ops
 
-    coeffs, dirs, v_rgb = _inputs(1000, 16, seed=1)
-    static = [t.clone() for t in (coeffs, dirs, v_rgb)]
+    def parts(coeffs, dirs, v_rgb):  # (dc, rest, dirs, v_rgb)
+        return coeffs[:, 0].contiguous(), coeffs[:, 1:].contiguous(), dirs, v_rgb
+
+    static = parts(*_inputs(1000, 16, seed=1))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         graph.capture_begin()
-        c, d = static[0].requires_grad_(), static[1].requires_grad_()
-        rgb = ops.sh_colors(3, c, d)
-        v_c, v_d = torch.autograd.grad(rgb, (c, d), static[2])
+        leaves = [t.requires_grad_() for t in static[:3]]
+        rgb = ops.sh_colors(3, *leaves)
+        recorded = torch.autograd.grad(rgb, leaves, static[3])
         graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
-    fresh = _inputs(1000, 16, seed=2)
+    fresh = parts(*_inputs(1000, 16, seed=2))
     with torch.no_grad():
         for s, f in zip(static, fresh):
             s.copy_(f)
     graph.replay()
-    c, d = fresh[0].clone().requires_grad_(), fresh[1].clone().requires_grad_()
-    want = ops.sh_colors(3, c, d)
-    want_c, want_d = torch.autograd.grad(want, (c, d), fresh[2])
-    assert torch.equal(rgb, want) and torch.equal(v_c, want_c) and torch.equal(v_d, want_d)
+    leaves = [t.clone().requires_grad_() for t in fresh[:3]]
+    want = ops.sh_colors(3, *leaves)
+    wanted = torch.autograd.grad(want, leaves, fresh[3])
+    assert torch.equal(rgb, want) and all(torch.equal(a, b) for a, b in zip(recorded, wanted))

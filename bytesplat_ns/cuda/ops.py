@@ -370,28 +370,30 @@ class _SSIM(torch.autograd.Function):
 
 def sh_colors(
     degree: int,
-    coeffs: Tensor,  # [N, K, 3] float32, K >= (degree + 1) ** 2
+    dc: Tensor,  # [N, 3] float32: each splat's first SH coefficient (the model's features_dc)
+    rest: Tensor,  # [N, K - 1, 3] float32: the others (features_rest), K >= (degree + 1) ** 2
     dirs: Tensor,  # [N, 3] float32, any length (splat centre minus camera position)
     poison: bool = False,
 ) -> Tensor:
-    """render/sh.py's sh_to_rgb in one launch forward and one backward (csrc/sh.h), on the current stream, so a
-    CUDA graph records it. -> [N, 3]"""
-    return _ShColors.apply(degree, coeffs, dirs, poison)
+    """render/sh.py's sh_to_rgb of the coefficients [dc, rest] in one launch forward and one backward (csrc/sh.h),
+    on the current stream, so a CUDA graph records it; the coefficients are read, and their gradients written, in
+    the two parts they come in. -> [N, 3]"""
+    return _ShColors.apply(degree, dc, rest, dirs, poison)
 
 
 class _ShColors(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, degree, coeffs, dirs, poison):
-        coeffs, dirs = coeffs.detach().contiguous(), dirs.detach().contiguous()
-        ctx.save_for_backward(coeffs, dirs)
+    def forward(ctx, degree, dc, rest, dirs, poison):
+        dc, rest, dirs = dc.detach().contiguous(), rest.detach().contiguous(), dirs.detach().contiguous()
+        ctx.save_for_backward(dc, rest, dirs)
         ctx.degree, ctx.poison = degree, poison
-        return ext().sh_forward(degree, coeffs, dirs, poison)
+        return ext().sh_forward(degree, dc, rest, dirs, poison)
 
     @staticmethod
     def backward(ctx, v_rgb):
-        coeffs, dirs = ctx.saved_tensors
-        v_coeffs, v_dirs = ext().sh_backward(ctx.degree, coeffs, dirs, v_rgb.contiguous(), ctx.poison)
-        return None, v_coeffs, v_dirs, None
+        dc, rest, dirs = ctx.saved_tensors
+        v_dc, v_rest, v_dirs = ext().sh_backward(ctx.degree, dc, rest, dirs, v_rgb.contiguous(), ctx.poison)
+        return None, v_dc, v_rest, v_dirs, None
 
 
 def adam_step(

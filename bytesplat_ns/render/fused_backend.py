@@ -108,7 +108,8 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
         colors = splats.colors[None]  # [1, N, 3]
     else:  # ours, not gsplat's SH kernels: those launch on the legacy default stream, which a CUDA graph
         # (step_graph.py) does not record (they would run once, at recording, and never again)
-        colors = ops.sh_colors(opts.sh_degree, splats.colors, splats.means - camera.position)[None]  # [1, N, 3]
+        dc, rest = splats.sh_parts()  # [N, 3], [N, K - 1, 3]
+        colors = ops.sh_colors(opts.sh_degree, dc, rest, splats.means - camera.position)[None]  # [1, N, 3]
     if with_depth:
         colors = torch.cat([colors, depths[..., None]], dim=-1)  # [1, N, 4]
     opacities = splats.opacities[None]  # [1, N]

@@ -16,9 +16,10 @@ def rasterize_gsplat(splats: Splats, camera: RasterCamera, opts: RasterizeOption
     from gsplat.cuda._wrapper import spherical_harmonics
     from gsplat.rendering import rasterization
 
-    colors = splats.colors  # [N, 3] RGB, or [N, K, 3] SH coefficients
+    colors = splats.colors  # [N, 3] RGB
     if opts.sh_degree is not None:
-        colors = spherical_harmonics(opts.sh_degree, splats.means - camera.position, colors)  # [N, 3]
+        coeffs = splats.sh_coefficients()  # [N, K, 3]
+        colors = spherical_harmonics(opts.sh_degree, splats.means - camera.position, coeffs)  # [N, 3]
         colors = torch.clamp_min(colors + 0.5, 0.0)
     render, alpha, info = rasterization(
         means=splats.means,

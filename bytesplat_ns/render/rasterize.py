@@ -64,10 +64,19 @@ def _check_inputs(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, 
             raise ValueError(f"rasterize(): {name} has shape {tuple(tensor.shape)}, expected {shape}.")
         if tensor.device != splats.means.device:
             raise ValueError(f"rasterize(): {name} is on {tensor.device}, means on {splats.means.device}; move both.")
-    if opts.sh_degree is None and tuple(splats.colors.shape) != (n, 3):
-        raise ValueError(f"rasterize(): RGB colors need shape ({n}, 3), got {tuple(splats.colors.shape)}.")
-    if opts.sh_degree is not None and (splats.colors.dim() != 3 or splats.colors.shape[0] != n):
-        raise ValueError(f"rasterize(): SH colors need shape ({n}, K, 3), got {tuple(splats.colors.shape)}.")
+    colors = tuple(splats.colors.shape)
+    rest = None if splats.sh_rest is None else tuple(splats.sh_rest.shape)
+    if opts.sh_degree is None:
+        if colors != (n, 3) or rest is not None:
+            raise ValueError(f"rasterize(): RGB colors need shape ({n}, 3) and no sh_rest, got {colors}.")
+    elif rest is None:
+        if len(colors) != 3 or colors[::2] != (n, 3):
+            raise ValueError(f"rasterize(): SH colors need shape ({n}, K, 3), got {colors}.")
+    elif colors != (n, 3) or len(rest) != 3 or rest[::2] != (n, 3):
+        raise ValueError(
+            f"rasterize(): SH coefficients in two parts need colors ({n}, 3) and sh_rest ({n}, K - 1, 3), got "
+            f"{colors} and {rest}."
+        )
     if camera.width <= 0 or camera.height <= 0:
         raise ValueError(f"rasterize(): image size {camera.width}x{camera.height} is empty.")
     if backend in ("gsplat", "fused") and splats.means.dtype != torch.float32:

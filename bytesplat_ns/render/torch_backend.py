@@ -28,7 +28,7 @@ def splat_colors(splats: Splats, camera: RasterCamera, sh_degree: int | None) ->
     """[N, 3] colour of each splat as seen from the camera."""
     if sh_degree is None:
         return splats.colors
-    return sh_to_rgb(sh_degree, splats.colors, splats.means - camera.position)
+    return sh_to_rgb(sh_degree, splats.sh_coefficients(), splats.means - camera.position)
 
 
 def rasterize_torch(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:

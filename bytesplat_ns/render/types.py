@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from bytesplat_ns.render.bin_capacity import BinCapacity
@@ -21,11 +22,22 @@ class Splats:
     quats: Tensor  # [N, 4] rotations (w, x, y, z); normalised inside the renderer
     scales: Tensor  # [N, 3] standard deviations along the rotated axes (already exp()'d)
     opacities: Tensor  # [N] in [0, 1] (already sigmoid()'d)
-    colors: Tensor  # [N, K, 3] SH coefficients when RasterizeOptions.sh_degree is set, else [N, 3] RGB
+    colors: Tensor  # [N, 3] RGB without RasterizeOptions.sh_degree; with it [N, K, 3] SH coefficients, or only
+    # the first of them [N, 3] when sh_rest holds the others
+    sh_rest: Tensor | None = None  # [N, K - 1, 3] SH coefficients past the first, kept apart from colors (the model's
+    # features_dc and features_rest as they are: the fused renderer reads both in place, nothing joins them)
 
     @property
     def count(self) -> int:
         return self.means.shape[0]
+
+    def sh_coefficients(self) -> Tensor:
+        """[N, K, 3] every SH coefficient (joined here when they come in two parts)."""
+        return self.colors if self.sh_rest is None else torch.cat([self.colors[:, None, :], self.sh_rest], dim=1)
+
+    def sh_parts(self) -> tuple[Tensor, Tensor]:
+        """(the first SH coefficient [N, 3], the others [N, K - 1, 3])."""
+        return (self.colors[:, 0], self.colors[:, 1:]) if self.sh_rest is None else (self.colors, self.sh_rest)
 
 
 @dataclass

@@ -25,6 +25,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ssim_backward", &bytesplat::ssim_backward, "dSSIM/dy from the forward's derivative maps");
   m.def("scale_grads", &bytesplat::scale_grads, "Gradients times a device scalar in place, in one launch; nothing done when it is 1");
   m.def("sh_forward", &bytesplat::sh_forward, "Colour from spherical harmonics per splat (degrees 0-3), one launch");
-  m.def("sh_backward", &bytesplat::sh_backward, "dL/dcoeffs and dL/ddirs of sh_forward, one launch");
+  m.def("sh_backward", &bytesplat::sh_backward, "dL/ddc, dL/drest and dL/ddirs of sh_forward, one launch");
   m.def("adam_step", &bytesplat::adam_step, "Adam over every parameter group in one launch");
 }

@@ -71,15 +71,16 @@ __device__ inline void bases_vjp(int degree, const float u[3], const float w[kSh
           10.f * kY3c * x * z * w[13] + kY3e * (xx - yy) * w[14];
 }
 
-// Each warp moves its 32 splats' coefficient rows (K * 3 floats each, contiguous in device memory) through shared
-// memory: read and written whole, consecutive lanes on consecutive floats, instead of each thread striding through
-// its own 192-byte row (one 4-byte access per cache sector: the backward's writes so took 50 us of a lego step).
-// Rows sit `pitch` floats apart, odd, so the threads' own-row accesses fall in 32 different banks.
+// Each warp moves its 32 splats' coefficient rows (K * 3 floats each: dc's 3, then rest's) through shared memory:
+// device memory is read and written in whole rows, consecutive lanes on consecutive floats, instead of each thread
+// striding through its own 192-byte row (one 4-byte access per cache sector: the backward's writes so took 50 us of
+// a lego step). Staged rows sit `pitch` floats apart, odd, so the threads' own-row accesses fall in 32 different
+// banks.
 struct WarpRows {
   float* stage;   // [32, pitch] this warp's part of the block's shared memory
   int64_t first;  // the warp's first splat
   int count;      // its splats (32, fewer in the last warp, 0 past the end)
-  int row;        // floats per splat, K * 3
+  int row;        // floats per staged splat, K * 3
   int pitch;      // row, made odd
 };
 
@@ -96,16 +97,27 @@ __device__ inline WarpRows warp_rows(float* shared, int64_t n, int k) {
   return w;
 }
 
-__device__ inline void load_rows(const WarpRows& w, const float* __restrict__ rows) {
-  const float* src = rows + w.first * w.row;
-  for (int j = threadIdx.x % 32; j < w.count * w.row; j += 32) w.stage[j / w.row * w.pitch + j % w.row] = src[j];
-  __syncwarp();
+// The first `width` floats of the warp's splats' device rows, `stride` floats apart, into staged columns
+// [col, col + width).
+__device__ inline void load_part(const WarpRows& w, const float* __restrict__ rows, int stride, int width, int col) {
+  const float* src = rows + w.first * stride;
+  for (int j = threadIdx.x % 32; j < w.count * width; j += 32) {
+    w.stage[j / width * w.pitch + col + j % width] = src[j / width * stride + j % width];
+  }
 }
 
-__device__ inline void store_rows(const WarpRows& w, float* __restrict__ rows) {
+// Staged columns [col, col + width) into the warp's splats' device rows of `width` floats.
+__device__ inline void store_part(const WarpRows& w, float* __restrict__ rows, int width, int col) {
+  float* dst = rows + w.first * width;
+  for (int j = threadIdx.x % 32; j < w.count * width; j += 32) dst[j] = w.stage[j / width * w.pitch + col + j % width];
+}
+
+// Stages the coefficients the degree reads: dc's 3 floats and rest's first 3 (kCount - 1).
+template <int kCount>
+__device__ inline void load_coefficients(const WarpRows& w, const ShParams& p) {
+  load_part(w, p.dc, 3, 3, 0);
+  if (kCount > 1) load_part(w, p.rest, 3 * (p.k - 1), 3 * (kCount - 1), 3);
   __syncwarp();
-  float* dst = rows + w.first * w.row;
-  for (int j = threadIdx.x % 32; j < w.count * w.row; j += 32) dst[j] = w.stage[j / w.row * w.pitch + j % w.row];
 }
 
 unsigned shared_bytes(int k) { return kShThreads * row_pitch(k) * sizeof(float); }
@@ -116,7 +128,7 @@ __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p
   constexpr int kCount = (kDegree + 1) * (kDegree + 1);
   extern __shared__ float shared[];
   const WarpRows w = warp_rows(shared, p.n, p.k);
-  load_rows(w, p.coeffs);
+  load_coefficients<kCount>(w, p);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   float u[3], b[kShBases];
@@ -134,12 +146,12 @@ __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p
 
 template <int kDegree>
 __global__ void __launch_bounds__(kShThreads)
-    sh_backward_kernel(const ShParams p, const float* __restrict__ v_rgb, float* __restrict__ v_coeffs,
-                       float* __restrict__ v_dirs) {
+    sh_backward_kernel(const ShParams p, const float* __restrict__ v_rgb, float* __restrict__ v_dc,
+                       float* __restrict__ v_rest, float* __restrict__ v_dirs) {
   constexpr int kCount = (kDegree + 1) * (kDegree + 1);
   extern __shared__ float shared[];
   const WarpRows w = warp_rows(shared, p.n, p.k);
-  load_rows(w, p.coeffs);
+  load_coefficients<kCount>(w, p);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < p.n) {  // no early return: the whole warp stores the rows below
     float u[3], b[kShBases];
@@ -169,7 +181,9 @@ __global__ void __launch_bounds__(kShThreads)
 #pragma unroll
     for (int a = 0; a < 3; ++a) v_dirs[3 * i + a] = (gu[a] - along * u[a]) / length;
   }
-  store_rows(w, v_coeffs);
+  __syncwarp();
+  store_part(w, v_dc, 3, 0);
+  if (p.k > 1) store_part(w, v_rest, 3 * (p.k - 1), 3);
 }
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kShThreads - 1) / kShThreads); }
@@ -196,11 +210,11 @@ cudaError_t launch_sh_forward(const ShParams& p, float* rgb, cudaStream_t stream
   });
 }
 
-cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_coeffs, float* v_dirs,
+cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_dc, float* v_rest, float* v_dirs,
                                cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   return with_degree(p.degree, [&](auto degree) {
-    sh_backward_kernel<degree()><<<blocks_for(p.n), kShThreads, shared_bytes(p.k), stream>>>(p, v_rgb, v_coeffs,
+    sh_backward_kernel<degree()><<<blocks_for(p.n), kShThreads, shared_bytes(p.k), stream>>>(p, v_rgb, v_dc, v_rest,
                                                                                              v_dirs);
     return cudaGetLastError();
   });

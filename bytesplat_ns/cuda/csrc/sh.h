@@ -9,7 +9,9 @@
 //           dL/dcoeffs_k = basis_k * g (zero for bases past the degree) and dL/d dirs through the bases'
 //           derivatives and the normalisation, where g = dL/drgb where the unclamped sum is >= 0, else 0 (torch's
 //           clamp_min gradient).
-// Both move each warp's coefficient rows through shared memory, so that device memory sees whole rows (sh.cu).
+// The coefficients come in two arrays, as the model keeps them (features_dc and features_rest), so that nothing joins
+// them before the forward or splits their gradient after the backward. Both kernels move each warp's coefficient
+// rows through shared memory, so that device memory sees whole rows (sh.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,15 +23,16 @@ namespace bytesplat {
 constexpr int kShMaxDegree = 3;
 
 struct ShParams {
-  const float* coeffs;  // [N, K, 3]
-  const float* dirs;    // [N, 3], any length
+  const float* dc;    // [N, 3] each splat's first coefficient
+  const float* rest;  // [N, K - 1, 3] the others (unread when K == 1)
+  const float* dirs;  // [N, 3], any length
   int64_t n;
   int k;                // coefficients per splat, (degree + 1)^2 <= K <= 16
   int degree;
 };
 
 cudaError_t launch_sh_forward(const ShParams& p, float* rgb, cudaStream_t stream);
-cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_coeffs, float* v_dirs,
+cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_dc, float* v_rest, float* v_dirs,
                                cudaStream_t stream);
 
 }  // namespace bytesplat
@@ -39,12 +42,14 @@ cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_c
 
 namespace bytesplat {
 
-// -> rgb [N, 3]. coeffs [N, K, 3] and dirs [N, 3], float32 contiguous on one CUDA device.
-at::Tensor sh_forward(int64_t degree, const at::Tensor& coeffs, const at::Tensor& dirs, bool poison);
+// -> rgb [N, 3]. dc [N, 3], rest [N, K - 1, 3] and dirs [N, 3], float32 contiguous on one CUDA device.
+at::Tensor sh_forward(int64_t degree, const at::Tensor& dc, const at::Tensor& rest, const at::Tensor& dirs,
+                      bool poison);
 
-// -> (dL/dcoeffs [N, K, 3], dL/ddirs [N, 3]) from dL/drgb [N, 3].
-std::tuple<at::Tensor, at::Tensor> sh_backward(int64_t degree, const at::Tensor& coeffs, const at::Tensor& dirs,
-                                               const at::Tensor& v_rgb, bool poison);
+// -> (dL/ddc [N, 3], dL/drest [N, K - 1, 3], dL/ddirs [N, 3]) from dL/drgb [N, 3].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sh_backward(int64_t degree, const at::Tensor& dc, const at::Tensor& rest,
+                                                           const at::Tensor& dirs, const at::Tensor& v_rgb,
+                                                           bool poison);
 
 }  // namespace bytesplat
 #endif
