@@ -78,14 +78,15 @@ def main() -> None:
     args = parser.parse_args()
     launches, device, host = intervals(json.loads(gzip.open(args.trace).read()))
     # the first interval holds the profiler's start-up; an interval without kernels is not a replay
-    rows = [replay_figures(launches[i], launches[i + 1], work) for i, work in enumerate(device[:-1]) if i > 0 and work]
+    replays = [i for i, work in enumerate(device[:-1]) if i > 0 and work]
+    rows = [replay_figures(launches[i], launches[i + 1], device[i]) for i in replays]
     print(f"{len(rows)} replayed steps")
     medians = {}
     for name in rows[0]:
         values = [r[name] for r in rows]
         medians[name] = statistics.median(values)
         print(f"{name:28s} median {medians[name]:8.1f}  min {min(values):8.1f}  max {max(values):8.1f}")
-    kernels = kernels_by_name([work for i, work in enumerate(device[:-1]) if i > 0 and work])
+    kernels = kernels_by_name([device[i] for i in replays])
     print("\nthe graph's nodes by name, per replayed step (medians):\n   count       us  name")
     for row in kernels:
         print(f"{row['per_step']:8.1f} {row['us']:8.1f}  {row['name']}")

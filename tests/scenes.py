@@ -108,10 +108,8 @@ def in_two_parts(splats: Splats) -> Splats:
     """The same splats with their SH coefficients [N, K, 3] as the model passes them: the first [N, 3] in colors,
     the others [N, K - 1, 3] in sh_rest, each a fresh leaf."""
 
-    def leaf(t: Tensor) -> Tensor:
-        return t.detach().clone().requires_grad_(splats.colors.requires_grad)
-
-    return dataclasses.replace(splats, colors=leaf(splats.colors[:, 0]), sh_rest=leaf(splats.colors[:, 1:]))
+    dc, rest = (t.detach().clone().requires_grad_(splats.colors.requires_grad) for t in splats.sh_parts())
+    return dataclasses.replace(splats, colors=dc, sh_rest=rest)
 
 
 def colors_grad(splats: Splats) -> Tensor | None:
