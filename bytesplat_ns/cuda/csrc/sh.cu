@@ -97,12 +97,23 @@ __device__ inline WarpRows warp_rows(float* shared, int64_t n, int k) {
   return w;
 }
 
-// The first `width` floats of the warp's splats' device rows, `stride` floats apart, into staged columns
-// [col, col + width).
-__device__ inline void load_part(const WarpRows& w, const float* __restrict__ rows, int stride, int width, int col) {
+// The first kWidth floats of the warp's splats' device rows, `stride` floats apart, into staged columns
+// [col, col + kWidth). Each lane first loads all its kWidth floats, then stores them: the loads are in flight
+// together instead of one at a time (a loop of load-then-store waits out the memory's latency at each step).
+template <int kWidth>
+__device__ inline void load_part(const WarpRows& w, const float* __restrict__ rows, int stride, int col) {
   const float* src = rows + w.first * stride;
-  for (int j = threadIdx.x % 32; j < w.count * width; j += 32) {
-    w.stage[j / width * w.pitch + col + j % width] = src[j / width * stride + j % width];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  float v[kWidth];
+#pragma unroll
+  for (int t = 0; t < kWidth; ++t) {
+    const int j = lane + 32 * t;  // of the warp's 32 kWidth floats: splat j / kWidth, float j % kWidth
+    v[t] = j / kWidth < w.count ? src[j / kWidth * stride + j % kWidth] : 0.f;
+  }
+#pragma unroll
+  for (int t = 0; t < kWidth; ++t) {
+    const int j = lane + 32 * t;
+    if (j / kWidth < w.count) w.stage[j / kWidth * w.pitch + col + j % kWidth] = v[t];
   }
 }
 
@@ -115,8 +126,8 @@ __device__ inline void store_part(const WarpRows& w, float* __restrict__ rows, i
 // Stages the coefficients the degree reads: dc's 3 floats and rest's first 3 (kCount - 1).
 template <int kCount>
 __device__ inline void load_coefficients(const WarpRows& w, const ShParams& p) {
-  load_part(w, p.dc, 3, 3, 0);
-  if (kCount > 1) load_part(w, p.rest, 3 * (p.k - 1), 3 * (kCount - 1), 3);
+  load_part<3>(w, p.dc, 3, 0);
+  if constexpr (kCount > 1) load_part<3 * (kCount - 1)>(w, p.rest, 3 * (p.k - 1), 3);
   __syncwarp();
 }
 
