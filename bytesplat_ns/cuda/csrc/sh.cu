@@ -23,22 +23,22 @@ __device__ inline float unit(const float* d, float u[3]) {
   return length;
 }
 
-// The bases up to `degree` at the unit direction u; returns how many ((degree + 1)^2).
-__device__ inline int bases(int degree, const float u[3], float b[kShBases]) {
+// The (degree + 1)^2 bases up to `degree` at the unit direction u.
+__device__ inline void bases(int degree, const float u[3], float b[kShBases]) {
   const float x = u[0], y = u[1], z = u[2];
   b[0] = kY0;
-  if (degree < 1) return 1;
+  if (degree < 1) return;
   b[1] = -kY1 * y;
   b[2] = kY1 * z;
   b[3] = -kY1 * x;
-  if (degree < 2) return 4;
+  if (degree < 2) return;
   const float xx = x * x, yy = y * y, zz = z * z;
   b[4] = kY2a * x * y;
   b[5] = -kY2a * y * z;
   b[6] = kY2b * (3.f * zz - 1.f);
   b[7] = -kY2a * x * z;
   b[8] = kY2c * (xx - yy);
-  if (degree < 3) return 9;
+  if (degree < 3) return;
   b[9] = -kY3a * y * (3.f * xx - yy);
   b[10] = kY3b * x * y * z;
   b[11] = -kY3c * y * (5.f * zz - 1.f);
@@ -46,7 +46,6 @@ __device__ inline int bases(int degree, const float u[3], float b[kShBases]) {
   b[13] = -kY3c * x * (5.f * zz - 1.f);
   b[14] = kY3e * z * (xx - yy);
   b[15] = -kY3a * x * (xx - 3.f * yy);
-  return 16;
 }
 
 // sum_k w[k] * d basis_k / du at the unit direction u (each basis a polynomial in x, y, z), into g[3].
@@ -133,6 +132,15 @@ __device__ inline void load_coefficients(const WarpRows& w, const ShParams& p) {
 
 unsigned shared_bytes(int k) { return kShThreads * row_pitch(k) * sizeof(float); }
 
+// sum_k b[k] * c[3 k + ch] over the degree's kCount bases: channel ch of a splat's colour before the +0.5.
+template <int kCount>
+__device__ inline float basis_sum(const float b[kShBases], const float* c, int ch) {
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kCount; ++k) sum += b[k] * c[3 * k + ch];
+  return sum;
+}
+
 // The kernels are instantiated per degree, so the bases and their loops unroll and stay in registers.
 template <int kDegree>
 __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p, float* __restrict__ rgb) {
@@ -147,12 +155,7 @@ __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p
   bases(kDegree, u, b);
   const float* c = w.stage + threadIdx.x % 32 * w.pitch;
 #pragma unroll
-  for (int ch = 0; ch < 3; ++ch) {
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kCount; ++k) sum += b[k] * c[3 * k + ch];
-    rgb[3 * i + ch] = fmaxf(sum + 0.5f, 0.f);
-  }
+  for (int ch = 0; ch < 3; ++ch) rgb[3 * i + ch] = fmaxf(basis_sum<kCount>(b, c, ch) + 0.5f, 0.f);
 }
 
 template <int kDegree>
@@ -171,12 +174,7 @@ __global__ void __launch_bounds__(kShThreads)
     float* c = w.stage + threadIdx.x % 32 * w.pitch;  // this splat's coefficients, replaced by their gradient
     float g[3];  // dL/d(sum + 0.5) where the clamp passes it (torch's clamp_min: where the input is >= 0)
 #pragma unroll
-    for (int ch = 0; ch < 3; ++ch) {
-      float sum = 0.f;
-#pragma unroll
-      for (int k = 0; k < kCount; ++k) sum += b[k] * c[3 * k + ch];
-      g[ch] = sum + 0.5f >= 0.f ? v_rgb[3 * i + ch] : 0.f;
-    }
+    for (int ch = 0; ch < 3; ++ch) g[ch] = basis_sum<kCount>(b, c, ch) + 0.5f >= 0.f ? v_rgb[3 * i + ch] : 0.f;
     float wb[kShBases];  // dL/d basis_k
 #pragma unroll
     for (int k = 0; k < kCount; ++k) {
