@@ -177,7 +177,7 @@ def errors(bench: Bench) -> dict:
         ref, _ = rasterize_to_pixels(bench.means2d, bench.conics[None], bench.colors[None], bench.opacities[None],
                                      bench.w, bench.h, bench.tiles.tile_size, bench.offsets,
                                      bench.tiles.ids)  # fmt: skip
-        mine, _ = ops.render_pixels(bench.means2d, bench.conics, bench.colors, bench.opacities, bench.tiles,
+        mine, _, _ = ops.render_pixels(bench.means2d, bench.conics, bench.colors, bench.opacities, bench.tiles,
                                     bench.w, bench.h)  # fmt: skip
     err = (mine - ref[0]).abs().amax(dim=-1)  # [H, W]
     out["max_abs_err_image"] = err.max().item()

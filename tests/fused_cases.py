@@ -102,12 +102,12 @@ def random_2d_scene(count, width, height, seed, placement, channels, footprint=(
     return Scene(means2d, conics, colors, opacities, depths, radii, bins, width, height, tile_size)
 
 
-def overflowing_scene(seed: int, width: int, height: int, tile_size: int) -> Scene:
+def overflowing_scene(seed: int, width: int, height: int, tile_size: int, channels: int = 4) -> Scene:
     """8000 small splats over the 16x16 pixels at x 16..32, y 0..16 (one 16-pixel tile, four 8-pixel ones): lists
     longer than any GPU's on-chip capacity. On 8-pixel tiles, fainter splats: a list a quarter as long, a larger
     capacity, so more splats per pixel must stay below saturation for a pixel to use splats past the capacity."""
     opacity = (0.05, 0.6) if tile_size == 16 else (0.02, 0.3)
-    return random_2d_scene(8000, width, height, seed, "spread", channels=4, footprint=(0.3, 1.0), opacity=opacity,
+    return random_2d_scene(8000, width, height, seed, "spread", channels, footprint=(0.3, 1.0), opacity=opacity,
                            box=(16.0, 32.0, 0.0, 16.0), tile_size=tile_size)  # fmt: skip
 
 
@@ -249,7 +249,7 @@ def check_autograd_path(scene: Scene, capacity, tol: dict, lists: ops.TileLists 
     _compare_grads(leaves, ref_leaves, absgrad64, scene, tol["grad_rtol"])
 
 
-def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, tol: dict) -> None:
+def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, tol: dict, capacity="device") -> None:
     from pytorch_msssim import ssim
 
     lists = lists_from_bins(scene.bins, scene.tile_size)
@@ -258,7 +258,7 @@ def check_loss_path(scene: Scene, weights: dict, background, loss_rtol: float, t
     bg = torch.tensor(background, device=DEVICE)
     leaves = _leaves(scene)
     loss = FusedLoss(**weights)
-    value, rgb, _ = fused_loss_raster(*leaves, lists, gt, bg, loss, device_capacity(3, scene.tile_size),
+    value, rgb, _ = fused_loss_raster(*leaves, lists, gt, bg, loss, _capacity(capacity, 3, scene.tile_size),
                                       absgrad=True, want_image=True, poison=True)  # fmt: skip
     value.backward()
 

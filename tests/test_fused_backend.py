@@ -11,7 +11,8 @@ numbers and the same tile lists, so only the compositing itself is compared, on 
 tile, empty tiles, a single splat, long thin splats of barely visible opacity, tiles longer than the on-chip
 capacity (pruning off: chunked), and pruning on. Outputs are poisoned with NaN before each run. Checked: image
 and alpha within IMAGE_ATOL, every gradient within GRAD_RTOL norm-wise, no NaN, for the autograd path and for the
-fused loss path (L1 + L2 + D-SSIM) against torch autograd of the same loss. Then the whole backend against the
+fused loss path (L1 + L2 + D-SSIM, whose backward resumes from the forward kernel's kept state, also over
+chunked tiles) against torch autograd of the same loss. Then the whole backend against the
 gsplat backend (same projection, same tile side) and `fused_loss_step` against autograd through
 `rasterize(backend="fused")`.
 
@@ -45,6 +46,7 @@ FLIPPED_FRACTION = 0.02
 FLIPPED_ATOL = 0.02
 SCORE_RTOL = 1e-4
 SMALL_CAPACITY = 64
+UNALIGNED_CAPACITY = 40
 BACKGROUND = (0.25, 0.5, 0.75)
 CASES = {
     # name: (splats, width, height, seed, placement)
@@ -249,6 +251,37 @@ def test_tiles_beyond_device_capacity_without_pruning(tile_size):
 
 @gpu
 @pytest.mark.parametrize("tile_size", TILE_SIZES)
+@pytest.mark.parametrize("capacity", ["device", UNALIGNED_CAPACITY])
+def test_resumed_loss_path_over_chunked_tiles(tile_size, capacity):
+    """With D-SSIM the loss path's backward resumes from the forward kernel's kept state; over lists longer than
+    the capacity (pruning off), chunks start at entries that are not multiples of 32, where each chunk's bits
+    are spliced from two of the forward's words."""
+    scene = fc.overflowing_scene(seed=13, width=40, height=24, tile_size=tile_size, channels=3)
+    size = fc.device_capacity(3, tile_size) if capacity == "device" else capacity
+    assert size % 32 != 0, "the chunks must start off the forward's 32-entry words"
+    deepest = fc.deepest_used_entry(scene, fc.lists_from_bins(scene.bins, tile_size))
+    assert deepest >= size, f"pixels must use splats past the first chunk ({deepest} < {size})"
+    fc.check_loss_path(scene, dict(l1=0.8, l2=0.3, ssim=0.2), BACKGROUND, LOSS_RTOL,
+                       fc.tolerances(IMAGE_ATOL, GRAD_RTOL, CUTOFF_SHIFT, FLIPPED_FRACTION, FLIPPED_ATOL),
+                       capacity=capacity)  # fmt: skip
+
+
+@gpu
+def test_resuming_excludes_a_second_image():
+    from bytesplat_ns.cuda import ops
+
+    scene = fc.random_2d_scene(200, 64, 48, 1, "spread", channels=3)
+    lists = fc.lists_from_bins(scene.bins, 16)
+    splats = (scene.means2d, scene.conics, scene.colors, scene.opacities)
+    _, _, state = ops.render_pixels(*splats, lists, 64, 48, keep=True)
+    gt = torch.zeros(48, 64, 3, device="cuda")
+    with pytest.raises(ValueError, match="want_image with resume"):
+        ops.loss_pixels(*splats, lists, gt, None, ops.LossWeights(), fc.device_capacity(3, 16), want_image=True,
+                        resume=state)  # fmt: skip
+
+
+@gpu
+@pytest.mark.parametrize("tile_size", TILE_SIZES)
 def test_pruning_keeps_the_strongest_in_depth_order(tile_size):
     scene = fc.random_2d_scene(5000, 96, 80, 8, "spread", channels=3, tile_size=tile_size)
     fc.check_pruning(scene, SMALL_CAPACITY, SCORE_RTOL)
@@ -295,9 +328,9 @@ def test_the_kernels_take_16_or_8_pixel_tiles_only():
     lists = fc.lists_from_bins(scene.bins, 16)
     splats = (scene.means2d, scene.conics, scene.colors, scene.opacities)
     with pytest.raises(RuntimeError, match="tile_size must be 16 or 8"):
-        ops.ext().rasterize_forward(*splats, lists.start, lists.end, lists.ids, 64, 48, 2, 32, False)
+        ops.ext().rasterize_forward(*splats, lists.start, lists.end, lists.ids, 64, 48, 2, 32, False, False)
     with pytest.raises(RuntimeError, match="tiles_x = 4 does not match width 64 with 8-pixel tiles"):
-        ops.ext().rasterize_forward(*splats, lists.start, lists.end, lists.ids, 64, 48, 4, 8, False)
+        ops.ext().rasterize_forward(*splats, lists.start, lists.end, lists.ids, 64, 48, 4, 8, False, False)
     lists.tile_size = 32
     with pytest.raises(ValueError, match="tiles of 32 pixels; the kernels take 16 or 8"):
         ops.render_pixels(*splats, lists, 64, 48)

@@ -44,6 +44,20 @@ class TileLists:
 
 
 @dataclass
+class ForwardState:
+    """What the forward kernel keeps for a backward that resumes from it instead of compositing each tile again
+    (csrc/raster_types.h, PassState): valid for the splats and tile lists it rendered."""
+
+    render: Tensor  # [H, W, D] premultiplied colour, no background
+    transmittance: Tensor  # [H, W] final transmittance
+    last: Tensor  # [H, W] int32 index in its tile's list of the last splat composited into the pixel (-1: none)
+    bits: Tensor  # [words] int32: per tile, warp and list entry, whether a pixel of the warp composited it
+
+    def tensors(self) -> list[Tensor]:
+        return [self.render, self.transmittance, self.last, self.bits]
+
+
+@dataclass
 class LossWeights:
     """The per-pixel loss the fused kernel forms on-chip: l1 * mean|pred - gt| + l2 * mean (pred - gt)^2."""
 
@@ -168,22 +182,30 @@ def rasterize_pixels(
     poison: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Differentiable compositing: -> render [H, W, D] (premultiplied, no background), alpha [H, W, 1].
-    The backward pass is the fused kernel fed with dL/d render and dL/d alpha."""
+    The backward pass is the fused kernel fed with dL/d render and dL/d alpha, resuming from the state the forward
+    kept (ForwardState): it composites nothing again."""
     _check(means2d, conics, colors, opacities, tiles, width, height)
     return _Rasterize.apply(means2d, conics, colors, opacities, tiles, width, height, capacity, absgrad, poison)
 
 
 def render_pixels(
     means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor, tiles: TileLists, width: int, height: int,
-    poison: bool = False,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Forward only, no autograd: render [H, W, D], alpha [H, W, 1]."""
+    keep: bool = False, poison: bool = False,
+) -> tuple[Tensor, Tensor, ForwardState | None]:  # fmt: skip
+    """Forward only, no autograd: render [H, W, D], alpha [H, W, 1], and with `keep` the state a backward resumes
+    from (loss_pixels(resume=...)), else None."""
     _check(means2d, conics, colors, opacities, tiles, width, height)
     with torch.no_grad():
-        return ext().rasterize_forward(
-            *_flat(means2d, conics, colors, opacities), tiles.start, tiles.end, tiles.ids, width, height,
-            tiles.tiles_x, tiles.tile_size, poison,
-        )  # fmt: skip
+        return _forward(_flat(means2d, conics, colors, opacities), tiles, width, height, keep, poison)
+
+
+def _forward(
+    flat: tuple[Tensor, ...], tiles: TileLists, width: int, height: int, keep: bool, poison: bool
+) -> tuple[Tensor, Tensor, ForwardState | None]:
+    render, alpha, transmittance, last, bits = ext().rasterize_forward(
+        *flat, tiles.start, tiles.end, tiles.ids, width, height, tiles.tiles_x, tiles.tile_size, keep, poison
+    )
+    return render, alpha, ForwardState(render, transmittance, last, bits) if keep else None
 
 
 def loss_pixels(
@@ -200,18 +222,23 @@ def loss_pixels(
     extra_loss: Tensor | None = None,  # [] the value of the loss whose gradient v_extra is
     absgrad: bool = False,
     want_image: bool = False,
+    resume: ForwardState | None = None,
     poison: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Fused forward + loss + backward in one launch. -> loss [] (differentiable: its backward hands out the
-    gradients computed here, scaled), render [H, W, 3] and alpha [H, W, 1] (None unless want_image)."""
+    gradients computed here, scaled), render [H, W, 3] and alpha [H, W, 1] (None unless want_image). With `resume`
+    (render_pixels(keep=True) of the same splats and tiles, e.g. for v_extra) the kernel composites nothing again:
+    it runs the loss and the backward pass from that state (want_image must then be False)."""
     height, width = gt.shape[:2]
     _check(means2d, conics, colors, opacities, tiles, width, height)
     if colors.shape[-1] != 3:
         raise ValueError(f"The fused loss takes RGB colours [N, 3], got {tuple(colors.shape)}.")
+    if want_image and resume is not None:
+        raise ValueError("loss_pixels(): want_image with resume; the resumed forward's render is resume.render.")
     extra = extra_loss.detach().reshape(()) if extra_loss is not None else None
     loss, render, alpha = _FusedLoss.apply(
         means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra, extra, absgrad,
-        want_image, poison,
+        want_image, resume, poison,
     )  # fmt: skip
     return loss, (render if want_image else None), (alpha if want_image else None)
 
@@ -251,22 +278,22 @@ class _Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, tiles, width, height, capacity, absgrad, poison):
         flat = _flat(means2d, conics, colors, opacities)
-        render, alpha = ext().rasterize_forward(
-            *flat, tiles.start, tiles.end, tiles.ids, width, height, tiles.tiles_x, tiles.tile_size, poison
-        )
-        ctx.save_for_backward(means2d, *flat[1:])
+        keep = any(ctx.needs_input_grad[:4])  # the backward resumes from the forward's state
+        render, alpha, state = _forward(flat, tiles, width, height, keep, poison)
+        ctx.save_for_backward(means2d, *flat[1:], *(state.tensors()[1:] if keep else []))
         ctx.tiles, ctx.size, ctx.capacity, ctx.absgrad = tiles, (width, height), capacity, absgrad
         ctx.shapes = (conics.shape, colors.shape, opacities.shape)
         return render, alpha
 
     @staticmethod
     def backward(ctx, v_render, v_alpha):
-        means2d, conics, colors, opacities = ctx.saved_tensors
+        means2d, conics, colors, opacities, *kept = ctx.saved_tensors  # kept: transmittance, last, bits
         tiles, (width, height) = ctx.tiles, ctx.size
+        resume = [v_render.new_empty(0), *kept] if kept else []  # no render: read by the loss mode only
         v_means2d, v_abs, v_conics, v_colors, v_opacities = ext().rasterize_backward(
             means2d.detach().reshape(-1, 2).contiguous(), conics, colors, opacities, tiles.start, tiles.end,
             tiles.ids, width, height, tiles.tiles_x, tiles.tile_size, ctx.capacity, v_render.contiguous(),
-            v_alpha.contiguous(), ctx.absgrad,
+            v_alpha.contiguous(), resume, ctx.absgrad,
         )  # fmt: skip
         if ctx.absgrad:
             _set_absgrad(means2d, v_abs)
@@ -281,7 +308,7 @@ class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra, extra,
-        absgrad, want_image, poison,
+        absgrad, want_image, resume, poison,
     ):  # fmt: skip
         height, width = gt.shape[:2]
         loss, *grads, render, alpha = ext().rasterize_loss(
@@ -289,7 +316,8 @@ class _FusedLoss(torch.autograd.Function):
             tiles.tiles_x, tiles.tile_size, capacity, gt.detach().contiguous(),
             None if v_extra is None else v_extra.detach().contiguous(),
             None if background is None else background.detach().to(torch.float32).contiguous(),
-            weights.l1, weights.l2, weights.clamp, want_image, absgrad, poison,
+            [] if resume is None else resume.tensors(), weights.l1, weights.l2, weights.clamp, want_image, absgrad,
+            poison,
         )  # fmt: skip
         ctx.save_for_backward(means2d)
         ctx.grads = grads  # v_means2d, v_abs, v_conics, v_colors, v_opacities: not inputs or outputs
@@ -313,7 +341,7 @@ class _FusedLoss(torch.autograd.Function):
         if ctx.absgrad:
             _set_absgrad(means2d, v_abs)
         grads = [g.reshape(shape) for g, shape in zip(grads, ctx.shapes)]
-        return v_means2d.reshape(means2d.shape), *grads, None, None, None, None, None, None, None, None, None, None
+        return v_means2d.reshape(means2d.shape), *grads, *[None] * 11  # tiles .. poison
 
 
 def pack_rows(

@@ -5,21 +5,24 @@ its backward pass.
 
 Two ways in:
   * `rasterize_fused(splats, camera, opts)`: the `rasterize()` interface, under ordinary autograd. Forward is a
-    batched per-tile compositing kernel; backward is the fused kernel fed with dL/d rgb from torch: it composites
-    the tile again on-chip (no final-transmittance or last-index buffer is kept between the passes) and reduces
-    the per-splat gradients on-chip, one atomicAdd per splat, tile and quantity.
+    batched per-tile compositing kernel, which keeps the state a backward resumes from when a gradient is wanted;
+    backward is the fused kernel fed with dL/d rgb from torch, resuming from that state (no second compositing):
+    it reduces the per-splat gradients on-chip, one atomicAdd per splat, tile and quantity.
   * `fused_loss_step(splats, camera, opts, gt, loss)`: the fused loss path for training (a later change in
     model.py calls it). The loss is splatfacto's by default, 0.8 L1 + 0.2 (1 - SSIM), on the clamped image with
     the background composited.
       - L1 and L2 terms: formed per pixel inside the fused kernel from the ground-truth tile; for these no
         rendered image, transmittance or last-index buffer goes through device memory (one launch).
       - D-SSIM term: its 11x11 window crosses tile borders, so it is handled in two passes ("a fused
-        SSIM-gradient pass feeding the backward"): the forward kernel renders the image (one image write), SSIM
-        and its gradient w.r.t. the clamped image come from `FusedLoss.ssim_fn` (in training the model's SSIM
-        term, bytesplat_ns/ssim.py: two kernel launches on CUDA; pytorch_msssim by default), and that gradient
-        enters the fused kernel as v_extra [H, W, 3], added on-chip to the L1 gradient. So with SSIM
-        the step costs one extra compositing pass, one image round trip and the SSIM pass; benchmarks/
-        fused_kernel.py measures it ("fused_ssim" against "fused_l1").
+        SSIM-gradient pass feeding the backward"): the forward kernel renders the image (one image write) and
+        keeps what the backward resumes from (each pixel's final transmittance and last splat, each warp's bits
+        of which splats it composited: ops.ForwardState), SSIM and its gradient w.r.t. the clamped image come from
+        `FusedLoss.ssim_fn` (in training the model's SSIM term, bytesplat_ns/ssim.py: two kernel launches on CUDA;
+        pytorch_msssim by default), and that gradient enters the fused kernel as v_extra [H, W, 3], added on-chip
+        to the L1 gradient; the kernel then runs the backward pass alone, from the kept state. So with SSIM the
+        step reads the splats twice, as gsplat's two kernels do, and costs one image round trip, the kept state
+        and the SSIM pass, but composites once; benchmarks/fused_kernel.py measures it ("fused_ssim" against
+        "fused_l1").
     It returns the loss as a tensor whose backward hands out the gradients already computed (scaled), so
     `loss.backward()` in the trainer reaches the splat parameters through gsplat's projection and our SH.
 
@@ -186,16 +189,18 @@ def fused_loss_raster(
     detached) and alpha [H, W, 1], both None unless rendered (SSIM pass or want_image)."""
     height, width = gt.shape[:2]
     gt = gt.detach().to(torch.float32).contiguous()
-    v_extra = ssim_term = rgb = alpha = None
+    v_extra = ssim_term = rgb = alpha = state = None
     if loss.ssim > 0:
-        render, alpha = ops.render_pixels(means2d, conics, colors, opacities, tiles, width, height, poison=poison)
+        render, alpha, state = ops.render_pixels(
+            means2d, conics, colors, opacities, tiles, width, height, keep=True, poison=poison
+        )
         rgb = _compose(render, alpha, background, loss.clamp)
         v_extra, ssim_term = _ssim_gradient(rgb, gt, loss)
         want_image = False  # already rendered
     weights = ops.LossWeights(l1=loss.l1, l2=loss.l2, clamp=loss.clamp)
     value, render_k, alpha_k = ops.loss_pixels(
         means2d, conics, colors, opacities, tiles, gt, background, weights, capacity, v_extra=v_extra,
-        extra_loss=ssim_term, absgrad=absgrad, want_image=want_image, poison=poison,
+        extra_loss=ssim_term, absgrad=absgrad, want_image=want_image, resume=state, poison=poison,
     )  # fmt: skip
     if want_image:
         rgb, alpha = _compose(render_k, alpha_k, background, loss.clamp), alpha_k

@@ -4,6 +4,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#ifdef __CUDACC__
+#define BYTESPLAT_HOST_DEVICE __host__ __device__
+#else
+#define BYTESPLAT_HOST_DEVICE
+#endif
+
 namespace bytesplat {
 
 // The tile sides the kernels are instantiated for: 16 by default, 8 for images with fewer 16-pixel tiles than two
@@ -55,5 +61,26 @@ struct SplatGrads {
   float* colors;       // [N, CDIM]
   float* opacities;    // [N]
 };
+
+// What the forward kernel keeps for a backward that resumes from it instead of compositing each tile again: the
+// passes whose pixel gradients need the whole image first (the D-SSIM term, autograd). All null: nothing kept.
+struct PassState {
+  float* render;         // [H, W, CDIM] premultiplied colour, no background (the forward's render output)
+  float* transmittance;  // [H, W] final transmittance
+  int32_t* last;         // [H, W] index in its tile's list of the last splat composited into the pixel (-1: none)
+  uint32_t* bits;        // [pass_bits_size] per tile, warp and list entry: whether a pixel of the warp composited it
+};
+
+// Where PassState::bits keeps the contribution bits of entries [32 word, 32 word + 32) of tile `tile`'s list (which
+// starts at entry `start`) for warp `warp` of `warps`. Tile t's words begin at start[t] / 32 + t, so no two tiles
+// share a word however their lists fall.
+BYTESPLAT_HOST_DEVICE inline int64_t pass_bits_index(int start, int tile, int word, int warp, int warps) {
+  return (static_cast<int64_t>(start / 32 + tile) + word) * warps + warp;
+}
+
+// Words of PassState::bits for tile lists in an ids buffer of `entries` entries over `tiles` tiles.
+BYTESPLAT_HOST_DEVICE inline int64_t pass_bits_size(int64_t entries, int64_t tiles, int warps) {
+  return (entries / 32 + tiles + 1) * warps;
+}
 
 }  // namespace bytesplat

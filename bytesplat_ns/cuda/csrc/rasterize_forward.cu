@@ -1,6 +1,9 @@
 // Forward kernel: one block per tile, one thread per pixel; the tile's splats pass through shared memory in
 // batches of kBlock, front to back, with gsplat's cut-offs (raster_device.cuh); each warp composites, a word of 32
 // at a time, only the splats that can reach its rows. Instantiated for 16- and 8-pixel tiles (raster_types.h).
+// When asked to keep its state (p.keep), it also writes what a backward needs to resume without compositing again:
+// each pixel's final transmittance and last composited entry, and each warp's contribution bits, a word per 32
+// entries it walked (words past a warp's last composited entry may be left unwritten: readers ignore them).
 #include "raster_device.cuh"
 #include "rasterize_forward.h"
 
@@ -10,6 +13,7 @@ namespace {
 template <int TILE, int CDIM>
 __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const ForwardParams p) {
   constexpr int kBlock = TileShape<TILE>::kBlock;
+  constexpr int kWarps = TileShape<TILE>::kWarps;
   __shared__ __align__(16) unsigned char smem[kBlock * SplatCache<CDIM>::kBytesPerSplat];
   const SplatCache<CDIM> cache = SplatCache<CDIM>::carve(smem, kBlock);
 
@@ -26,6 +30,8 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
 #pragma unroll
   for (int d = 0; d < CDIM; ++d) C[d] = 0.f;
   bool done = !pix.inside;
+  const bool keep = p.keep.transmittance != nullptr;
+  int last = -1;  // index in the tile's list of the last splat composited into this pixel (kept only)
   for (int off = 0; off < count; off += kBlock) {
     // Also the barrier before the cache is overwritten.
     if (__syncthreads_count(done) == kBlock) break;
@@ -34,13 +40,23 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock) forward_kernel(const 
     __syncthreads();
     for (int j = 0; j < len; j += 32) {  // a word of 32 splats at a time, the warp together (it votes)
       if (__all_sync(kFullMask, done)) break;
-      composite_word<TILE, CDIM>(cache, j, min(32, len - j), rect, px, py, T, C, done);
+      const uint32_t mine = composite_word<TILE, CDIM>(cache, j, min(32, len - j), rect, px, py, T, C, done);
+      if (keep) {
+        if (mine != 0u) last = off + j + 31 - __clz(mine);
+        const uint32_t word = __reduce_or_sync(kFullMask, mine);
+        const int warp = static_cast<int>(threadIdx.x) >> 5;
+        if ((threadIdx.x & 31) == 0) p.keep.bits[pass_bits_index(first, tile, (off + j) >> 5, warp, kWarps)] = word;
+      }
     }
   }
   if (!pix.inside) return;
 #pragma unroll
   for (int d = 0; d < CDIM; ++d) p.render[static_cast<int64_t>(CDIM) * pix.index + d] = C[d];
   p.alpha[pix.index] = 1.f - T;
+  if (keep) {
+    p.keep.transmittance[pix.index] = T;
+    p.keep.last[pix.index] = last;
+  }
 }
 
 template <int TILE>

@@ -39,6 +39,30 @@ void check_image(const at::Tensor& t, int64_t height, int64_t width, int64_t cha
   check_shape(t, {height, width, channels}, name);
 }
 
+// The forward kernel's kept state (rasterize_forward with keep_state), checked against the image and the tile
+// lists; all null when `resume` is empty. Only the loss mode reads the render (`with_render`); else it may be empty.
+PassState resume_state(const std::vector<at::Tensor>& resume, int64_t height, int64_t width, int64_t cdim,
+                       const TileLists& tiles, const at::Tensor& flatten_ids, bool with_render) {
+  if (resume.empty()) return PassState{};
+  BYTESPLAT_CHECK(resume.size() == 4, "resume takes [render, transmittance, last, bits] as rasterize_forward returns "
+                  "them with keep_state, got ", resume.size(), " tensors");
+  const at::Tensor& render = resume[0];
+  const at::Tensor& transmittance = resume[1];
+  const at::Tensor& last = resume[2];
+  const at::Tensor& bits = resume[3];
+  if (with_render || render.numel() > 0) check_image(render, height, width, cdim, "resume render");
+  BYTESPLAT_CHECK_INPUT(transmittance, at::kFloat);
+  check_shape(transmittance, {height, width}, "resume transmittance");
+  BYTESPLAT_CHECK_INPUT(last, at::kInt);
+  check_shape(last, {height, width}, "resume last");
+  BYTESPLAT_CHECK_INPUT(bits, at::kInt);
+  const int warps = tiles.tile_size * tiles.tile_size / 32;
+  check_shape(bits, {pass_bits_size(flatten_ids.numel(), int64_t{tiles.tiles_x} * tiles.tiles_y, warps)},
+              "resume bits");
+  return PassState{render.numel() > 0 ? render.data_ptr<float>() : nullptr, transmittance.data_ptr<float>(),
+                   last.data_ptr<int32_t>(), reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>())};
+}
+
 }  // namespace
 
 std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::Tensor& conics,
@@ -47,7 +71,8 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
                                            const at::Tensor& flatten_ids, int64_t width, int64_t height,
                                            int64_t tiles_x, int64_t tile_size, int64_t capacity,
                                            const at::Tensor& v_render,
-                                           const c10::optional<at::Tensor>& v_alpha, bool absgrad) {
+                                           const c10::optional<at::Tensor>& v_alpha,
+                                           const std::vector<at::Tensor>& resume, bool absgrad) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
   const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x, tile_size);
@@ -59,8 +84,16 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
   PixelGradSource src{};
   src.v_render = v_render.data_ptr<float>();
   src.v_alpha = v_alpha.has_value() ? v_alpha->data_ptr<float>() : nullptr;
-  const FusedParams p{splats,  tiles,   static_cast<int>(width), static_cast<int>(height), static_cast<int>(capacity),
-                      src,     nullptr, nullptr,                 grads.pointers()};
+  const FusedParams p{splats,
+                      tiles,
+                      static_cast<int>(width),
+                      static_cast<int>(height),
+                      static_cast<int>(capacity),
+                      src,
+                      nullptr,
+                      nullptr,
+                      grads.pointers(),
+                      resume_state(resume, height, width, cdim, tiles, flatten_ids, false)};
   BYTESPLAT_CHECK_CUDA_STATUS(
       launch_rasterize_fused(p, static_cast<int>(cdim), c10::cuda::getCurrentCUDAStream().stream()));
   return {grads.means2d, grads.means2d_abs, grads.conics, grads.colors, grads.opacities};
@@ -72,8 +105,9 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
                                        int64_t height, int64_t tiles_x, int64_t tile_size, int64_t capacity,
                                        const at::Tensor& gt,
                                        const c10::optional<at::Tensor>& v_extra,
-                                       const c10::optional<at::Tensor>& background, double w_l1, double w_l2,
-                                       bool clamp, bool want_image, bool absgrad, bool poison) {
+                                       const c10::optional<at::Tensor>& background,
+                                       const std::vector<at::Tensor>& resume, double w_l1, double w_l2, bool clamp,
+                                       bool want_image, bool absgrad, bool poison) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const SplatInputs splats = splat_inputs(means2d, conics, colors, opacities);
   const TileLists tiles = tile_lists(tile_start, tile_end, flatten_ids, width, height, tiles_x, tile_size);
@@ -85,6 +119,9 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
     BYTESPLAT_CHECK_INPUT(*background, at::kFloat);
     check_shape(*background, {3}, "background");
   }
+  BYTESPLAT_CHECK(!(want_image && !resume.empty()), "want_image with resume: the forward kernel rendered the image "
+                  "already (resume's render)");
+  const PassState kept = resume_state(resume, height, width, 3, tiles, flatten_ids, true);
   GradOutputs grads = zero_grads(means2d, 3, absgrad, 1);
   const at::Tensor loss = grads.tail;
   at::Tensor render = want_image ? image_output(means2d, height, width, 3, poison) : at::empty({0}, means2d.options());
@@ -106,7 +143,8 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d, const at::Tens
                       src,
                       want_image ? render.data_ptr<float>() : nullptr,
                       want_image ? alpha.data_ptr<float>() : nullptr,
-                      grads.pointers()};
+                      grads.pointers(),
+                      kept};
   BYTESPLAT_CHECK_CUDA_STATUS(launch_rasterize_fused(p, 3, c10::cuda::getCurrentCUDAStream().stream()));
   return {loss, grads.means2d, grads.means2d_abs, grads.conics, grads.colors, grads.opacities, render, alpha};
 }

@@ -8,9 +8,12 @@
 //     splats a word of 32 at a time: a ballot first keeps the splats that can reach alpha >= 1/255 on its rows
 //     (each lane tests one, composite_word), the lanes composite only those, each setting a bit per splat it
 //     used, and one OR-reduction per word leaves in shared memory which splats contributed to any of its pixels.
+//     Resuming (p.resume: the forward kernel composited the tile already, for a D-SSIM or autograd gradient), it
+//     reads T_final, the last index and the colour the forward kept instead, and composites nothing.
 //  2. Pixel gradient: from v_render / v_alpha (autograd) or, in loss mode, from the ground truth on-chip:
 //     w_l1 * sign(pred - gt) + w_l2 * 2 (pred - gt), over H*W*3, plus v_extra (the D-SSIM gradient).
-//  3. Backward: back to front over the same cached splats (the last chunk stays resident), recovering each
+//  3. Backward: back to front over the same cached splats (the last chunk stays resident; resuming, loaded now up
+//     to the last splat any pixel used, with the warps' contribution bits the forward kernel kept), recovering each
 //     transmittance as T / (1 - alpha), a word of 32 splats at a time. A warp visits only the splats its bits say
 //     its pixels used (jumping from set bit to set bit; a reloaded chunk is walked in full) and the block skips
 //     words no warp used. Per-splat gradients are summed over a warp with shuffles (a reduce-scatter: 13 shuffles
@@ -82,6 +85,28 @@ __device__ __forceinline__ void accumulate(const SplatGrads& g, int64_t id, int 
   }
 }
 
+// Resuming: the forward kernel's contribution bits of cached slots [0, n), list entries off .. off + n - 1, into
+// bits [kWarps][words] as the forward part would have left them. Warp w's words past its last used entry
+// (warp_last[w]) may never have been written: they read as zero; so do slots past n.
+template <int kWarps>
+__device__ void load_bits(const FusedParams& p, int first, int tile, int off, int n, const int* warp_last,
+                          uint32_t* bits, int words) {
+  const int n_words = (n + 31) / 32;
+  for (int i = static_cast<int>(threadIdx.x); i < kWarps * n_words; i += static_cast<int>(blockDim.x)) {
+    const int w = i / n_words, wi = i - w * n_words;
+    const auto kept = [&](int word) {  // the forward's word `word` of this tile's list for warp w
+      return 32 * word <= warp_last[w] ? p.resume.bits[pass_bits_index(first, tile, word, w, kWarps)] : 0u;
+    };
+    const int e = off + 32 * wi;  // the list entry of this word's bit 0
+    const int shift = e & 31;
+    uint32_t v = kept(e >> 5) >> shift;
+    if (shift != 0) v |= kept((e >> 5) + 1) << (32 - shift);
+    const int rest = n - 32 * wi;
+    if (rest < 32) v &= (1u << rest) - 1u;
+    bits[w * words + wi] = v;
+  }
+}
+
 // Loss mode: dL/d render (vC) and dL/d alpha (vA) of one pixel, and its share of the loss.
 __device__ __forceinline__ float pixel_loss_grad(const PixelGradSource& s, int index, float T, const float (&C)[3],
                                                  float (&vC)[3], float& vA) {
@@ -145,7 +170,16 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
   int last = -1;  // index in the tile's list of the last splat composited into this pixel
   bool done = !pix.inside;
   int resident = -1;  // chunk now (partly) in shared memory (block-uniform)
-  bool block_done = false;
+  const bool resume = p.resume.transmittance != nullptr;  // block-uniform
+  if (resume && pix.inside) {
+    T = p.resume.transmittance[pix.index];
+    last = p.resume.last[pix.index];
+    if constexpr (kLoss) {  // the loss reads the prediction; autograd's gradient comes in whole
+#pragma unroll
+      for (int d = 0; d < CDIM; ++d) C[d] = p.resume.render[static_cast<int64_t>(CDIM) * pix.index + d];
+    }
+  }
+  bool block_done = resume;
   for (int k = 0; k < n_chunks && !block_done; ++k) {
     const int off = k * cap;
     const int len = min(cap, count - off);
@@ -230,9 +264,11 @@ __global__ void __launch_bounds__(TileShape<TILE>::kBlock, kMinBlocksPerSm<TILE>
     const int len = min(cap, count - off);
     if (k != resident) {
       __syncthreads();
-      cache.load(p.splats, p.tiles.ids, first + off, len);
+      const int n = min(len, block_last - off + 1);  // no slot past the last splat any pixel used is read
+      cache.load(p.splats, p.tiles.ids, first + off, n);
+      if (resume) load_bits<kWarps>(p, first, tile, off, n, warp_last, all_bits, words);
       resident = k;
-      bits_valid = false;  // the forward's bits were for another chunk: walk every splat
+      bits_valid = resume;  // without the kept bits, the forward's were for another chunk: walk every splat
       __syncthreads();
     }
     const int top = min(block_last - off, len - 1);  // the last cached splat any pixel used

@@ -1,6 +1,8 @@
 // Fused forward + backward rasterization: one launch per tile composites front to back, forms each pixel's
 // loss gradient on-chip, then runs the backward pass back to front over the same shared-memory splats and
-// reduces the per-splat gradients across the tile before one atomicAdd per splat and quantity.
+// reduces the per-splat gradients across the tile before one atomicAdd per splat and quantity. Where the pixel
+// gradients need the whole image first (the D-SSIM term, autograd), the forward kernel has composited already:
+// then the kernel resumes from the state it kept (PassState) and runs the backward pass alone.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,6 +35,7 @@ struct FusedParams {
   float* render;  // [H, W, CDIM] or null
   float* alpha;   // [H, W] or null
   SplatGrads grads;
+  PassState resume;  // the forward kernel's state: the backward starts from it instead of compositing (all null: not)
 };
 
 // Dynamic shared memory of the fused kernel on tiles of `tile_size` pixels for `capacity` splats per chunk; 0 for
@@ -53,6 +56,10 @@ cudaError_t launch_rasterize_fused(const FusedParams& p, int cdim, cudaStream_t 
 
 namespace bytesplat {
 
+// `resume`, in both modes: empty, or the forward kernel's kept state [render, transmittance, last, bits]
+// (rasterize_forward with keep_state, on the same splats and tile lists; the external mode reads no render, which
+// may be empty there); then the kernel composites nothing.
+
 // External mode (autograd backward). -> [v_means2d [N, 2], v_means2d_abs [N, 2] (empty unless absgrad),
 // v_conics [N, 3], v_colors [N, D], v_opacities [N]].
 std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d,      // [N, 2]
@@ -66,10 +73,11 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d,      // [N
                                            int64_t capacity,
                                            const at::Tensor& v_render,                // [H, W, D]
                                            const c10::optional<at::Tensor>& v_alpha,  // [H, W, 1]
-                                           bool absgrad);
+                                           const std::vector<at::Tensor>& resume, bool absgrad);
 
 // Loss mode. -> [loss [1], v_means2d, v_means2d_abs, v_conics, v_colors, v_opacities, render [H, W, 3],
-// alpha [H, W, 1]] (render and alpha empty unless want_image; poison fills them with NaN first).
+// alpha [H, W, 1]] (render and alpha empty unless want_image, which resuming excludes; poison fills them with NaN
+// first).
 std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d,      // [N, 2]
                                        const at::Tensor& conics,       // [N, 3]
                                        const at::Tensor& colors,       // [N, 3]
@@ -82,8 +90,8 @@ std::vector<at::Tensor> rasterize_loss(const at::Tensor& means2d,      // [N, 2]
                                        const at::Tensor& gt,                          // [H, W, 3]
                                        const c10::optional<at::Tensor>& v_extra,      // [H, W, 3]
                                        const c10::optional<at::Tensor>& background,   // [3]
-                                       double w_l1, double w_l2, bool clamp, bool want_image, bool absgrad,
-                                       bool poison);
+                                       const std::vector<at::Tensor>& resume, double w_l1, double w_l2,
+                                       bool clamp, bool want_image, bool absgrad, bool poison);
 
 // Splats per tile the fused kernel holds on-chip on tiles of `tile_size` pixels, `blocks_per_sm` blocks per SM.
 int64_t fused_capacity(int64_t cdim, int64_t tile_size, int64_t blocks_per_sm);
