@@ -84,16 +84,9 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
   PixelGradSource src{};
   src.v_render = v_render.data_ptr<float>();
   src.v_alpha = v_alpha.has_value() ? v_alpha->data_ptr<float>() : nullptr;
-  const FusedParams p{splats,
-                      tiles,
-                      static_cast<int>(width),
-                      static_cast<int>(height),
-                      static_cast<int>(capacity),
-                      src,
-                      nullptr,
-                      nullptr,
-                      grads.pointers(),
-                      resume_state(resume, height, width, cdim, tiles, flatten_ids, false)};
+  const PassState kept = resume_state(resume, height, width, cdim, tiles, flatten_ids, false);
+  const FusedParams p{splats,  tiles,   static_cast<int>(width), static_cast<int>(height), static_cast<int>(capacity),
+                      src,     nullptr, nullptr,                 grads.pointers(),         kept};
   BYTESPLAT_CHECK_CUDA_STATUS(
       launch_rasterize_fused(p, static_cast<int>(cdim), c10::cuda::getCurrentCUDAStream().stream()));
   return {grads.means2d, grads.means2d_abs, grads.conics, grads.colors, grads.opacities};
