@@ -6,12 +6,13 @@ object at 800x800, and "wide" >= 2M splats filling a 1920x1080 view. Per scene, 
 rasterization with an L1 loss against a random target, each variant timed with CUDA events (median of STEP_ITERS steps;
 each step's fresh copies of the projected inputs, the leaves its gradients land in, are made before its start event):
   gsplat          rasterize_to_pixels forward, torch loss, autograd backward (absgrad on)
-  fused_autograd  our forward kernel, torch loss, our fused backward kernel through autograd
+  fused_autograd  our forward kernel (keeping its state), torch loss, our fused kernel resuming from that state
+                  for the backward pass, through autograd
   fused_l1        our fused kernel with the L1 loss formed on-chip: one launch (the headline)
   fused_l1_pruned fused_l1 on the tile lists pruned to the on-chip capacity, as training renders (fewer entries than
                   the others where a tile overflows, so a different image: timed, left out of the error check)
-  fused_ssim      splatfacto's 0.8 L1 + 0.2 D-SSIM through fused_loss_raster (render, the SSIM kernels as in
-                  training, fused pass)
+  fused_ssim      splatfacto's 0.8 L1 + 0.2 D-SSIM through fused_loss_raster (render keeping the state, the SSIM
+                  kernels as in training, the fused kernel resuming from the state)
 plus tile binning's pruning (capacity, entries pruned). Every variant runs on the same tile lists (our binning), on
 tiles of the renderer's side for the image size (ops.tile_size_for: 16 pixels for these scenes) or --tile-size's.
 --ncu reruns each variant under Nsight Compute (--clock-control none) for one step: dram__bytes_read.sum +
