@@ -78,9 +78,10 @@ BYTESPLAT_HOST_DEVICE inline int64_t pass_bits_index(int start, int tile, int wo
   return (static_cast<int64_t>(start / 32 + tile) + word) * warps + warp;
 }
 
-// Words of PassState::bits for tile lists in an ids buffer of `entries` entries over `tiles` tiles.
-BYTESPLAT_HOST_DEVICE inline int64_t pass_bits_size(int64_t entries, int64_t tiles, int warps) {
-  return (entries / 32 + tiles + 1) * warps;
+// Words of PassState::bits for the tile lists `t` in an ids buffer of `entries` entries (host side).
+inline int64_t pass_bits_size(const TileLists& t, int64_t entries) {
+  const int64_t warps = int64_t{t.tile_size} * t.tile_size / 32;
+  return (entries / 32 + int64_t{t.tiles_x} * t.tiles_y + 1) * warps;
 }
 
 }  // namespace bytesplat

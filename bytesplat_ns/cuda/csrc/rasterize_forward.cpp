@@ -19,10 +19,9 @@ std::vector<at::Tensor> rasterize_forward(const at::Tensor& means2d, const at::T
     if (poison) t.fill_(poisoned);
     return t;
   };
-  const int warps = static_cast<int>(tiles.tile_size * tiles.tile_size / 32);
   at::Tensor transmittance = kept(height * width, at::kFloat, std::numeric_limits<double>::quiet_NaN());
   at::Tensor last = kept(height * width, at::kInt, -1);
-  at::Tensor bits = kept(pass_bits_size(flatten_ids.numel(), tile_start.numel(), warps), at::kInt, 0);
+  at::Tensor bits = kept(pass_bits_size(tiles, flatten_ids.numel()), at::kInt, 0);
   PassState keep{};
   if (keep_state) {
     keep = PassState{render.data_ptr<float>(), transmittance.data_ptr<float>(), last.data_ptr<int32_t>(),

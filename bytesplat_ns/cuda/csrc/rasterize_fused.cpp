@@ -56,9 +56,7 @@ PassState resume_state(const std::vector<at::Tensor>& resume, int64_t height, in
   BYTESPLAT_CHECK_INPUT(last, at::kInt);
   check_shape(last, {height, width}, "resume last");
   BYTESPLAT_CHECK_INPUT(bits, at::kInt);
-  const int warps = tiles.tile_size * tiles.tile_size / 32;
-  check_shape(bits, {pass_bits_size(flatten_ids.numel(), int64_t{tiles.tiles_x} * tiles.tiles_y, warps)},
-              "resume bits");
+  check_shape(bits, {pass_bits_size(tiles, flatten_ids.numel())}, "resume bits");
   return PassState{render.numel() > 0 ? render.data_ptr<float>() : nullptr, transmittance.data_ptr<float>(),
                    last.data_ptr<int32_t>(), reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>())};
 }
