@@ -37,8 +37,37 @@ def relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max(float((g - w).norm() / w.norm().clamp_min(1e-30)) for g, w in zip(got, want))
 
 
-def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend: str = "gloo") -> None:
-    """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels."""
+class _ReplayedExchange:
+    """The exchange as the step graph runs it with several GPUs (step_graph.py): its host parts around a replayed
+    CUDA graph of its device part (pack, NCCL all-gather, unpack), recorded again when what `begin` says the graph
+    bakes in changes (the capacity, the residual buffer). The graph reads and writes gradients of its own."""
+
+    def __init__(self, exchange: SparseRowExchange, like: list[torch.Tensor]) -> None:
+        self.exchange = exchange
+        self.grads = [torch.zeros_like(g) for g in like]
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple | None = None
+        self.recordings = 0
+
+    def average(self, grads: list[torch.Tensor], note: int):
+        for mine, grad in zip(self.grads, grads):
+            mine.copy_(grad)
+        key = self.exchange.begin(self.grads, note)
+        if key != self.key:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.exchange.exchange_rows(self.grads)
+            self.key, self.recordings = key, self.recordings + 1
+        self.graph.replay()
+        for grad, mine in zip(grads, self.grads):
+            grad.copy_(mine)
+        return self.exchange.end()
+
+
+def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend: str = "gloo",
+            graph: bool = False) -> None:  # fmt: skip
+    """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels (with
+    `graph`, their device part replayed from a CUDA graph)."""
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
@@ -47,6 +76,7 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     try:
         exchange = SparseRowExchange(half=half, lag=lag, kernels=backend == "nccl")
+        replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES])
         plain_exchange = DenseExchange(lag=lag)
         sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         sum_want = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
@@ -56,7 +86,7 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
             want = [g.clone() for g in grads]
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
-            stats = exchange.average(got, note=10 * step + rank)
+            stats = (replayed if graph else exchange).average(got, note=10 * step + rank)
             late = step - lag  # the exchange whose headers this one reads
             assert stats.notes == ([10 * late + r for r in range(world)] if late >= 0 else [0] * world)
             if late <= dense_at:  # the dense step overflowed the capacity: reported when its headers are read
@@ -79,6 +109,8 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
             assert relative(plain, want) <= REL_TOL_FP32
         assert "dense" in STEPS and exchange.capacity == ROWS  # the dense step overflowed and grew the capacity
         assert relative(sum_got, sum_want) <= tolerance  # what was held back went a step later, not lost
+        if graph:  # recorded again as the capacity adapted (the first steps, the dense step's overflow)
+            assert replayed.recordings >= 3, replayed.recordings
     finally:
         dist.destroy_process_group()
 
@@ -96,11 +128,13 @@ def test_half_precision_values(tmp_path):
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("half", [False, True])
-def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half):
-    """The same steps with the exchange kernels (pack, NCCL all-gather, unpack) on 1 or 2 GPUs."""
+@pytest.mark.parametrize("graph", [False, True], ids=["op-by-op", "graph"])
+def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half, graph):
+    """The same steps with the exchange kernels (pack, NCCL all-gather, unpack) on 1 or 2 GPUs, run op by op or
+    replayed from a CUDA graph as the step graph does."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPU(s) (NCCL and the exchange kernels)")
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 4, "nccl"), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 4, "nccl", graph), nprocs=world, join=True)
 
 
 @pytest.mark.parametrize(
