@@ -182,12 +182,20 @@ def room_camera(seed: int, device: torch.device, width: int = 1920, height: int 
     yaw = float(torch.rand((), generator=g)) * 2 * math.pi
     pitch = (float(torch.rand((), generator=g)) - 0.5) * 0.6
     forward = torch.tensor([math.cos(yaw) * math.cos(pitch), math.sin(yaw) * math.cos(pitch), math.sin(pitch)])
+    return camera_looking(position, forward, device, width, height, fov_degrees=70)
+
+
+def camera_looking(position: torch.Tensor, forward: torch.Tensor, device: torch.device, width: int, height: int,
+                   fov_degrees: float) -> RasterCamera:  # fmt: skip
+    """A pinhole camera at `position` [3] looking along `forward` [3] (not vertical), image x level with the world's
+    xy plane, `fov_degrees` across."""
+    forward = torch.nn.functional.normalize(forward, dim=0)
     right = torch.nn.functional.normalize(torch.cross(forward, torch.tensor([0.0, 0.0, 1.0]), dim=0), dim=0)
     down = torch.cross(forward, right, dim=0)
     rotation = torch.stack([right, down, forward])  # world -> camera (OpenCV axes)
     viewmat = torch.eye(4)
     viewmat[:3, :3], viewmat[:3, 3] = rotation, -rotation @ position
-    focal = 0.5 * width / math.tan(math.radians(35))  # 70 degrees across
+    focal = 0.5 * width / math.tan(math.radians(fov_degrees / 2))
     K = torch.tensor([[focal, 0, width / 2], [0, focal, height / 2], [0, 0, 1.0]])
     return RasterCamera(viewmat.to(device), K.to(device), width, height)
 
