@@ -25,6 +25,12 @@ step late, not lost, and the capacity grows once that exchange's counts are read
 A residual pending when densification changes the splat count is dropped (its row indices no longer mean
 anything).
 
+When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (every rank
+sends its buffer to the W - 1 others, the all-reduce 2 (W - 1) / W of the gradients: so at a capacity near N, which
+is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is that all-reduce instead,
+the headers riding in 2 W extra values, the residual added and cleared. The decision follows from the capacity, so
+every rank makes it alike; `ExchangeStats.dense` says when it was taken.
+
 Why an all-gather rather than an all-to-all: with an all-to-all each rank would own a slice of the splats,
 receive the rows of its slice, sum them and send the sums back: two rounds, the second carrying the union
 of the visible rows. On 2 GPUs that sends at least as many bytes as the all-gather (equal when both views
@@ -63,6 +69,8 @@ class ExchangeStats:
     """Every rank's `note` of the exchange `lag` exchanges before this one, in rank order (zeros before that)."""
     overflows: int = 0
     """1 if that exchange had a rank with more non-zero rows than its capacity."""
+    dense: bool = False
+    """This exchange was a dense all-reduce: the compacted buffers would have been larger."""
     part_seconds: dict[str, float] = field(default_factory=dict)
     """Host wall time of each part of this exchange: late read (the headers of `lag` exchanges back, the
     capacity), pack, all-gather, unpack, header copy."""
@@ -99,8 +107,10 @@ class SparseRowExchange:
     """[W, 2] int32 every rank's header row of the last exchange (on the device)."""
     _residual_shape: tuple = (0, 0)
     """(N, D) of the last exchange's gradients side by side."""
-    _buffer_bytes: int = 0
-    """Bytes of this rank's buffer in the last exchange."""
+    _sent_bytes: int = 0
+    """Bytes this rank sent in the last exchange."""
+    _dense: bool = False
+    """Whether the exchange `begin` prepared is a dense all-reduce."""
 
     def __post_init__(self) -> None:
         self._headers = LateQueue(self.lag)
@@ -124,8 +134,9 @@ class SparseRowExchange:
     def begin(self, like: list[Tensor], note: int) -> tuple:
         """The host's part before an exchange of gradients shaped and placed as `like` (the gradients, or their
         parameters): read the headers of `lag` exchanges back, set the capacity, keep the residual buffer, put
-        `note` in a device tensor. -> what the device part bakes in (the step graph, step_graph.py, records
-        `exchange_rows` again when it changes): (capacity, residual buffer's address)."""
+        `note` in a device tensor, choose compacted rows or a dense all-reduce. -> what the device part bakes in (the
+        step graph, step_graph.py, records `exchange_rows` again when it changes): (capacity, residual buffer's
+        address, dense)."""
         world = dist.get_world_size(self.group)
         self._round = self._read_late_headers(world)
         num_rows, width = like[0].shape[0], sum(math.prod(t.shape[1:]) for t in like)
@@ -139,13 +150,20 @@ class SparseRowExchange:
         if self._note is None or self._note.device != device:
             self._note = torch.zeros(1, dtype=torch.int32, device=device)
         self._note.fill_(note)
-        return self.capacity, self._residual.data_ptr() if self._residual is not None else None
+        dtype = torch.float16 if self.half else torch.float32  # of the values sent
+        compacted = (world - 1) * (self.capacity + 1) * (self._slots(dtype) + width) * dtype.itemsize
+        self._dense = compacted > _ring_all_reduce_bytes(world, num_rows * width)
+        return self.capacity, self._residual.data_ptr() if self._residual is not None else None, self._dense
 
     def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None) -> None:
         """The device's part, no host sync: pack this rank's rows, all-gather every rank's, unpack their mean into
         `grads`; the gathered headers stay on the device for `end`. Uses what `begin` set."""
         laps = laps or PhaseClock({})
         world = dist.get_world_size(self.group)
+        if self._dense:
+            self._gathered_headers = self._all_reduce(grads, world)
+            laps.lap("all-reduce")
+            return
         kernels = self.kernels and grads[0].is_cuda
         buffer = (self._pack_kernel if kernels else self._pack_torch)(grads)
         laps.lap("pack")
@@ -158,26 +176,50 @@ class SparseRowExchange:
         else:
             self._gathered_headers = self._unpack_torch(grads, gathered, world)
         laps.lap("unpack")
-        self._buffer_bytes = buffer.numel() * buffer.element_size()
+        self._sent_bytes = (world - 1) * buffer.numel() * buffer.element_size()
 
     def end(self) -> ExchangeStats:
         """The host's part after an exchange: start copying its gathered headers to the host (read `lag` exchanges
         later). -> what it moved, and the notes and overflows `begin` read."""
         world = dist.get_world_size(self.group)
         num_rows, width = self._residual_shape
-        self._headers.push(self._gathered_headers, tag=(self.capacity, num_rows))
+        sent_rows = num_rows if self._dense else self.capacity  # a dense exchange holds nothing back
+        self._headers.push(self._gathered_headers, tag=(sent_rows, num_rows))
         notes, overflows = self._round
         return ExchangeStats(
-            sent_bytes=(world - 1) * self._buffer_bytes,
-            dense_bytes=2 * (world - 1) * num_rows * width * 4 // world,
+            sent_bytes=self._sent_bytes,
+            dense_bytes=_ring_all_reduce_bytes(world, num_rows * width),
             notes=notes,
             overflows=overflows,
+            dense=self._dense,
         )
 
     @staticmethod
     def _slots(dtype: torch.dtype) -> int:
         """Value slots holding one int32."""
         return 4 // dtype.itemsize
+
+    def _all_reduce(self, grads: list[Tensor], world: int) -> Tensor:
+        """grads = their mean over the ranks (with the residual, then cleared), by one all-reduce that also carries
+        every rank's header (its non-zero row count and note) in 2 W extra values. -> the headers [W, 2] int32."""
+        num_rows, width = self._residual_shape
+        flat = grads[0].new_empty(num_rows * width + 2 * world)
+        rows = flat[: num_rows * width].view(num_rows, width)
+        torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=rows)
+        if self._residual is not None:
+            rows.add_(self._residual)
+            self._residual.zero_()
+        headers = flat[num_rows * width :].view(world, 2)
+        headers.zero_()
+        mine = headers[dist.get_rank(self.group)]
+        mine[0] = rows.ne(0).any(dim=1).sum()  # float32 holds counts exactly up to 2^24 rows
+        mine[1] = self._note[0]
+        dist.all_reduce(flat, group=self.group)
+        rows.div_(world)
+        for grad, part in zip(grads, rows.split([math.prod(g.shape[1:]) for g in grads], dim=1)):
+            grad.copy_(part.reshape(grad.shape))
+        self._sent_bytes = _ring_all_reduce_bytes(world, flat.numel())
+        return headers.round().int()
 
     def _header_note(self, buffer: Tensor) -> Tensor:
         """The header row's note slot of `buffer` as an int32 [1]."""
@@ -270,8 +312,13 @@ class DenseExchange:
         slots[rank] = note
         flat = all_reduce_mean([*grads, *dense, slots], group=self.group)
         self._notes.push(flat[-world:])
-        dense_bytes = 2 * (world - 1) * (flat.numel() - world) * 4 // world
+        dense_bytes = _ring_all_reduce_bytes(world, flat.numel() - world)
         return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)
+
+
+def _ring_all_reduce_bytes(world: int, values: int) -> int:
+    """Bytes each rank sends in a ring all-reduce of `values` float32 values."""
+    return 2 * (world - 1) * values * 4 // world
 
 
 def all_reduce_mean(grads: list[Tensor], group=None) -> Tensor:

@@ -35,6 +35,8 @@ class RunStats:
     """Sum over steps of what a dense ring all-reduce of the same gradients would have sent per rank."""
     exchange_overflows: int = 0
     """Exchanges where a rank had more touched rows than the capacity (the rest went a step later)."""
+    exchange_dense_steps: int = 0
+    """Exchanges made as a dense all-reduce because the compacted buffers would have been larger."""
     exchange_part_seconds: dict[str, float] = field(default_factory=dict)
     """Part of the exchange -> sum over steps of its host wall time (inside the exchange phase)."""
     first_step_unix: float | None = None
@@ -65,6 +67,7 @@ class RunStats:
             self.exchange_sent_bytes += exchange.sent_bytes
             self.exchange_dense_bytes += exchange.dense_bytes
             self.exchange_overflows += exchange.overflows
+            self.exchange_dense_steps += exchange.dense
             for part, seconds in exchange.part_seconds.items():
                 self.exchange_part_seconds[part] = self.exchange_part_seconds.get(part, 0.0) + seconds
 
@@ -97,7 +100,7 @@ class RunStats:
             less = 100 * self.exchange_reduction
             rows.append(("Gradient exchange", f"{per_step:.2f} MiB/step per GPU vs {dense:.2f} MiB for a dense "
                                               f"all-reduce ({less:.1f}% less; {self.exchange_overflows} "
-                                              "overflows)"))  # fmt: skip
+                                              f"overflows, {self.exchange_dense_steps} steps dense)"))  # fmt: skip
         return rows
 
     def write(self, path: Path, **extra: object) -> None:

@@ -27,9 +27,10 @@ Several GPUs (one process each): the graph holds the compacted gradient exchange
 all-gather, unpack: grad_compaction.py) between backward and Adam. Its host parts run around each replay: before,
 the late read of earlier headers sets the capacity and this step's note goes into a device tensor; after, the
 gathered headers start their copy to the host. The graph is recorded again when the capacity or the residual
-buffer changes; both follow from the gathered counts, so they change at the same step on every rank. Ranks may
-record at different steps (their binning capacities differ): a recording runs nothing, and every step, replayed
-or eager, makes exactly one all-gather of the same size on every rank, so the collectives stay matched.
+buffer changes, or the exchange turns into a dense all-reduce or back (grad_compaction.py); all follow from the
+gathered counts, so they change at the same step on every rank. Ranks may record at different steps (their
+binning capacities differ): a recording runs nothing, and every step, replayed or eager, makes exactly one
+collective (the all-gather, or the dense all-reduce), the same on every rank, so the collectives stay matched.
 
 Used with CUDA processes on the fused loss path (several: with the compacted exchange and its kernels), with the
 one-launch Adam (adam_all_groups.py: it reads

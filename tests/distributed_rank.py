@@ -2,9 +2,12 @@
 
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
-[--load-dir DIR] [--cuda]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat
-count after every step, its final parameters and its step graph's counts. --cuda: NCCL, GPU RANK, a white
-background (the default CUDA path: fused renderer, step graph).
+[--load-dir DIR] [--cuda] [--half-exchange]`. Each rank trains the small built-in scene and writes
+ROOT/rank{RANK}.pt: its splat count after every step, its final parameters and its step graph's counts.
+--cuda: NCCL, GPU RANK, a white background (the default CUDA path: fused renderer, step graph).
+--half-exchange: float16 values in the gradient exchange. The test scene's few hundred splats are mostly in every
+view, so with float32 values the compacted rows would outweigh a dense all-reduce and every exchange is that
+all-reduce (grad_compaction.py); float16 rows are half as large, so the exchange compacts.
 """
 
 from __future__ import annotations
@@ -51,12 +54,14 @@ def rank_config(root: Path, views: int, load_dir: Path | None = None):
 
 
 def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, signal_at: tuple[int, int] | None = None,
-             load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False) -> None:  # fmt: skip
+             load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False,
+             half_exchange: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
     SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S later."""
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     config = rank_config(root, views, load_dir)
     config.machine.num_devices = world
+    config.pipeline.half_precision_exchange = half_exchange
     if cuda:
         config.machine.device_type = "cuda"
         config.pipeline.model.background_color = "white"
@@ -106,10 +111,11 @@ def main() -> None:
     parser.add_argument("--load-dir", type=Path, default=None)
     parser.add_argument("--pause-at", type=int, default=None)
     parser.add_argument("--cuda", action="store_true")
+    parser.add_argument("--half-exchange", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
     run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
-             args.cuda)  # fmt: skip
+             args.cuda, args.half_exchange)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from bytesplat_ns.grad_compaction import DenseExchange, SparseRowExchange, all_r
 
 ROWS = 5000
 SHAPES = [(3,), (15, 3), (1,), (4,)]  # means, features_rest, opacities, quats
+WIDTH = sum(math.prod(shape) for shape in SHAPES)  # values per row, side by side
 REL_TOL_FP32 = 1e-6
 REL_TOL_FP16 = 2e-3
 STEPS = ["sparse", "sparse", "one_rank_sees_nothing", "sparse", "sparse", "dense"] + ["sparse"] * 4
@@ -81,6 +82,7 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
         sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         sum_want = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         dense_at = STEPS.index("dense")
+        plans = set()  # whether each exchange went dense
         for step, case in enumerate(STEPS):
             grads = [make_grad(case, rank, step, shape).to(device) for shape in SHAPES]
             want = [g.clone() for g in grads]
@@ -95,8 +97,14 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
             # to every row and sent what the dense step (and those after it) held back
             if step < dense_at or step > dense_at + lag:
                 assert relative(got, want) <= tolerance, (case, step)
-            if lag <= step < dense_at and not half and world > 1:  # capacity from the sparse steps: 2048 of 5000 rows
-                assert stats.sent_bytes < stats.dense_bytes, stats
+            # compacted rows unless their buffers would be larger than a dense all-reduce, then that all-reduce
+            value_bytes = 2 if half else 4
+            compacted = (world - 1) * (exchange.capacity + 1) * (4 // value_bytes + WIDTH) * value_bytes
+            assert stats.dense == (compacted > stats.dense_bytes), (step, stats)
+            assert stats.sent_bytes <= (stats.dense_bytes if not stats.dense else stats.dense_bytes + 16 * world)
+            if lag <= step < dense_at and not half and world == 2:  # capacity from the sparse steps: 2048 of 5000
+                assert not stats.dense and stats.sent_bytes < stats.dense_bytes, stats
+            plans.add(stats.dense)
             for total, g in zip(sum_got, got):
                 total += g
             for total, w in zip(sum_want, want):
@@ -109,6 +117,8 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
             assert relative(plain, want) <= REL_TOL_FP32
         assert "dense" in STEPS and exchange.capacity == ROWS  # the dense step overflowed and grew the capacity
         assert relative(sum_got, sum_want) <= tolerance  # what was held back went a step later, not lost
+        if world > 1 and not half:  # both plans taken: dense at a capacity of every row (first steps, after the
+            assert plans == {False, True}, plans  # overflow), compacted rows at the sparse steps' capacity
         if graph:  # recorded again as the capacity adapted (the first steps, the dense step's overflow)
             assert replayed.recordings >= 3, replayed.recordings
     finally:
