@@ -34,7 +34,11 @@ every rank makes it alike; `ExchangeStats.dense` says when it was taken.
 Why an all-gather rather than an all-to-all: with an all-to-all each rank would own a slice of the splats,
 receive the rows of its slice, sum them and send the sums back: two rounds, the second carrying the union
 of the visible rows. On 2 GPUs that sends at least as many bytes as the all-gather (equal when both views
-see the same splats), at twice the latency.
+see the same splats), at twice the latency. Measured on a 2M-splat scene's gradient rows
+(benchmarks/exchange_plans.py, benchmarks/RESULTS.md): with 2 ranks the all-gather sends 13-20% fewer bytes than
+the all-to-all; from 4 ranks on the all-to-all sends fewer (by 3-34% of the dense all-reduce's bytes at 4 ranks,
+20-128% at 8), and where views overlap the all-gather can exceed the dense all-reduce, which the fallback above then
+takes. Only the all-gather is built: no machine here has more than 2 GPUs to run an all-to-all on.
 
 Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
