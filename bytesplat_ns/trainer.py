@@ -200,9 +200,19 @@ class ByteSplatTrainer(Trainer):
         self._setup_adam()
         self.graph_off = "--cuda-graph False" if not self.config.cuda_graph else ineligible(self)
         self.step_graph = StepGraph(self, self._graph_body) if self.graph_off is None else None
+        self._say_why_op_by_op()
         self.stop_requested = False
         self.heldout_psnr: float | None = None
         self.startup_marks["setup"] = time.time()
+
+    def _say_why_op_by_op(self) -> None:
+        """On CUDA, unless asked for (--cuda-graph False): say at start-up that the step will not be replayed, and
+        why, since that makes a host-bound step several times slower (benchmarks/RESULTS.md)."""
+        if self.is_main and self.device.startswith("cuda") and self.config.cuda_graph and self.graph_off:
+            CONSOLE.print(
+                f"[yellow]bytesplat: each training step runs op by op, not replayed as a CUDA graph: {self.graph_off}. "
+                "Where the host sets the pace (small scenes) that makes a step several times slower."
+            )
 
     def _setup_adam(self) -> None:
         config = self.config

@@ -61,6 +61,20 @@ def test_several_gpus_train_op_by_op_unless_asked(tmp_path):
     assert "--cuda-graph-several-gpus True" not in (ineligible(trainer) or "")
 
 
+def test_a_cuda_run_says_at_start_why_its_step_runs_op_by_op(tmp_path, capsys):
+    trainer = make_trainer(tmp_path, steps=1)
+    capsys.readouterr()
+    trainer._say_why_op_by_op()  # on the CPU: nothing to say
+    assert capsys.readouterr().out == ""
+    trainer.device, trainer.graph_off = "cuda:0", "the camera optimizer is on"  # as a CUDA run with it would see
+    trainer._say_why_op_by_op()
+    said = " ".join(capsys.readouterr().out.split())
+    assert "runs op by op" in said and "the camera optimizer is on" in said
+    trainer.config.cuda_graph, trainer.graph_off = False, "--cuda-graph False"  # asked for: nothing to say
+    trainer._say_why_op_by_op()
+    assert capsys.readouterr().out == ""
+
+
 def _state(trainer) -> list[torch.Tensor]:
     """Every parameter, Adam state and densification statistics tensor (the same tensor objects each call while
     nothing refines)."""
