@@ -41,7 +41,8 @@ def relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 class _ReplayedExchange:
     """The exchange as the step graph runs it with several GPUs (step_graph.py): its host parts around a replayed
     CUDA graph of its device part (pack, NCCL all-gather, unpack), recorded again when what `begin` says the graph
-    bakes in changes (the capacity, the residual buffer). The graph reads and writes gradients of its own."""
+    bakes in changes (the capacity, the residual buffer, compacted rows or the dense all-reduce). The graph reads and
+    writes gradients of its own."""
 
     def __init__(self, exchange: SparseRowExchange, like: list[torch.Tensor]) -> None:
         self.exchange = exchange
