@@ -210,8 +210,9 @@ class ByteSplatTrainer(Trainer):
         why, since that makes a host-bound step several times slower (benchmarks/RESULTS.md)."""
         if self.is_main and self.device.startswith("cuda") and self.config.cuda_graph and self.graph_off:
             CONSOLE.print(
-                f"[yellow]bytesplat: each training step runs op by op, not replayed as a CUDA graph: {self.graph_off}. "
-                "Where the host sets the pace (small scenes) that makes a step several times slower."
+                "[yellow]bytesplat: each training step runs op by op, not replayed as a CUDA graph: "
+                f"{escape(self.graph_off)}. Where the host sets the pace (small scenes) that makes a step several "
+                "times slower."
             )
 
     def _setup_adam(self) -> None:
