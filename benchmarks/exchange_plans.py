@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from multi_gpu import ROOM_HALF, ROOM_SPLATS, camera_looking, room_camera, room_splats  # noqa: E402
+from multi_gpu import ROOM_HALF, ROOM_SPLATS, camera_looking, room_camera, room_splats, view_backward  # noqa: E402
 
-from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize  # noqa: E402
+from bytesplat_ns.render import RasterCamera  # noqa: E402
 
 VALUES_PER_ROW = 59  # means 3, scales 3, quats 4, features_dc 3, features_rest 45, opacities 1
 ROW_BYTES = 4 + 4 * VALUES_PER_ROW  # int32 index + float32 values
@@ -52,11 +52,7 @@ def object_camera(seed: int, device: torch.device, width: int, height: int) -> R
 
 def touched_rows(params: dict[str, torch.Tensor], camera: RasterCamera, backend: str) -> torch.Tensor:
     """-> [N] bool: the splats whose gradient the view's L1 loss makes non-zero."""
-    colors = torch.cat([params["features_dc"][:, None], params["features_rest"]], dim=1)
-    splats = Splats(params["means"], params["quats"], params["scales"].exp(),
-                    params["opacities"].sigmoid().squeeze(-1), colors)  # fmt: skip
-    out = rasterize(splats, camera, RasterizeOptions(sh_degree=3, backend=backend))
-    out.rgb.sub(0.5).abs().mean().backward()
+    view_backward(params, camera, backend)
     n = params["means"].shape[0]
     touched = torch.cat([p.grad.reshape(n, -1) for p in params.values()], 1).ne(0).any(1)
     for p in params.values():

@@ -200,6 +200,16 @@ def camera_looking(position: torch.Tensor, forward: torch.Tensor, device: torch.
     return RasterCamera(viewmat.to(device), K.to(device), width, height)
 
 
+def view_backward(params: dict[str, torch.Tensor], camera: RasterCamera, backend: str) -> None:
+    """Renders raw splat parameters (room_splats) from `camera` at SH degree 3 and backpropagates an L1 loss
+    against grey: each parameter's .grad then holds the view's gradient."""
+    colors = torch.cat([params["features_dc"][:, None], params["features_rest"]], dim=1)
+    splats = Splats(params["means"], params["quats"], params["scales"].exp(),
+                    params["opacities"].sigmoid().squeeze(-1), colors)  # fmt: skip
+    out = rasterize(splats, camera, RasterizeOptions(sh_degree=3, backend=backend))
+    out.rgb.sub(0.5).abs().mean().backward()
+
+
 def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> None:
     """One GPU of the room measurement (`smoke`: a tiny CPU version over gloo, to check this script anywhere)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -216,12 +226,7 @@ def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> No
         exchanges["fp32_kernels"] = SparseRowExchange(kernels=True)
     rows = []
     for view in range(ROOM_VIEWS + 2):  # the first two warm up
-        camera = room_camera(1000 * view + rank, device, *size)
-        colors = torch.cat([params["features_dc"][:, None], params["features_rest"]], dim=1)
-        splats = Splats(params["means"], params["quats"], params["scales"].exp(),
-                        params["opacities"].sigmoid().squeeze(-1), colors)  # fmt: skip
-        out = rasterize(splats, camera, RasterizeOptions(sh_degree=3, backend=backend))
-        out.rgb.sub(0.5).abs().mean().backward()
+        view_backward(params, room_camera(1000 * view + rank, device, *size), backend)
         grads = [params[n].grad for n in names]
         visible = int(torch.cat([g.reshape(n, -1) for g in grads], 1).ne(0).any(1).sum())
         row = {"visible": visible}
