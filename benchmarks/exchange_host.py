@@ -103,16 +103,16 @@ def _rank(rank: int, world: int, init: str, result: str) -> None:
     capacity = kernels.capacity
     residual = original[0].new_empty(SPLATS, sum(math.prod(shape) for shape in SHAPES.values()))
     buffer = ops.pack_rows(grads, capacity, 0, False, None, residual)
-    gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
+    gathered = buffer.new_empty(world, *buffer.shape[1:])  # [W, capacity + 1, 1 + D]
     group = dist.distributed_c10d._get_default_group()
-    late, headers = LateQueue(lag=4), gathered[:world, :2].contiguous().view(torch.int32)
+    late, headers = LateQueue(lag=4), gathered[:, 0, :3].contiguous().view(torch.int32)
     parts = {
         "exchange (kernels)": lambda: kernels.average(grads),
         "exchange (torch ops)": lambda: plain.average(grads),
         "pack kernel": lambda: ops.pack_rows(grads, capacity, 0, False, None, residual),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(gathered, buffer),
         "group._allgather_base": lambda: group._allgather_base(gathered, buffer).wait(),
-        "unpack (zero, W ranks)": lambda: ops.unpack_rows(grads, gathered.view(world, *buffer.shape), capacity, 0.5),
+        "unpack (zero, W ranks)": lambda: ops.unpack_rows(grads, gathered, capacity, 0.5),
         "late header read": lambda: (late.pop_ready(), late.push(headers)),
         "dense all-reduce": lambda: all_reduce_mean(grads),
         "one torch op (add_)": lambda: grads[5].add_(0.0),

@@ -13,8 +13,10 @@ capacity at least that large; bytesplat's exchange sends its capacity, set from 
   (all_to_all), each owner sums what it got, then sends the sums of its touched-anywhere rows to the W - 1 others
   (all-gather; every rank needs the whole mean to keep its splats identical): two rounds.
 Scenes: `room` (the multi_gpu.py room: cameras inside, each view sees a part) and `object` (the same splats seen
-from outside, cameras on a sphere looking at the centre, as lego's views: they overlap). This measures bytes only:
-time on NVLink needs the two-GPU machine (multi_gpu.py). Prints a table last, writes --json.
+from outside, cameras on a sphere looking at the centre, as lego's views: they overlap). This measures bytes; time
+on NVLink needs the two-GPU machine (multi_gpu.py). What it times is bytesplat's exchange of one view's gradients
+alone on this device (a world of one rank, whose collectives copy locally), rows all-gathered or routed to owners:
+the cost of each plan's packing and summing. Prints a table last, writes --json.
 
     python3 benchmarks/exchange_plans.py --json $OUT/exchange_plans.json        # on a GPU
     python3 benchmarks/exchange_plans.py --cpu-smoke                            # a tiny version anywhere
@@ -30,15 +32,17 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from multi_gpu import ROOM_HALF, ROOM_SPLATS, camera_looking, room_camera, room_splats, view_backward  # noqa: E402
 
+from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
 from bytesplat_ns.render import RasterCamera  # noqa: E402
 
 VALUES_PER_ROW = 59  # means 3, scales 3, quats 4, features_dc 3, features_rest 45, opacities 1
 ROW_BYTES = 4 + 4 * VALUES_PER_ROW  # int32 index + float32 values
-WORLDS = (2, 4, 8)
+WORLDS = (2, 3, 4, 8)
 
 
 def object_camera(seed: int, device: torch.device, width: int, height: int) -> RasterCamera:
@@ -75,6 +79,28 @@ def step_bytes(masks: torch.Tensor) -> dict[str, int]:
     }
 
 
+def exchange_ms(grads: list[torch.Tensor], routed: bool, runs: int = 20) -> float:
+    """Median ms of one exchange of `grads` (the kernels on a GPU) by this process alone, after three that set the
+    capacities; timed by CUDA events on a GPU."""
+    exchange = SparseRowExchange(kernels=grads[0].is_cuda, lag=1, all_to_all_from=1 if routed else 2)
+    work = [g.clone() for g in grads]
+    times = []
+    for _ in range(runs + 3):
+        torch._foreach_copy_(work, grads)
+        if grads[0].is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            exchange.average(work)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            exchange.average(work)
+            times.append(1000 * (time.perf_counter() - began))
+    return sorted(times[3:])[runs // 2]
+
+
 def measure(scene: str, views: int, n: int, size: tuple[int, int], device: torch.device, backend: str) -> dict:
     params = room_splats(n, seed=0, device=device)
     make_camera = room_camera if scene == "room" else object_camera
@@ -82,6 +108,11 @@ def measure(scene: str, views: int, n: int, size: tuple[int, int], device: torch
     masks = torch.stack([touched_rows(params, camera, backend) for camera in cameras])  # [V, N]
     result = {"scene": scene, "splats": n, "image": f"{size[0]}x{size[1]}", "views": views,
               "visible_fraction_mean": float(masks.float().mean())}  # fmt: skip
+    view_backward(params, cameras[0], backend)
+    grads = [p.grad for p in params.values()]
+    result["one_rank_exchange_ms"] = {plan: exchange_ms(grads, plan == "routed") for plan in ("all_gather", "routed")}
+    for p in params.values():
+        p.grad = None
     for world in WORLDS:
         steps = [step_bytes(masks[s : s + world]) for s in range(0, views - world + 1, world)]
         plans = {plan: sum(s[plan] for s in steps) / len(steps) for plan in steps[0]}
@@ -97,7 +128,7 @@ def measure(scene: str, views: int, n: int, size: tuple[int, int], device: torch
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--views", type=int, default=64, help="views per scene (grouped 2, 4 and 8 at a time)")
+    parser.add_argument("--views", type=int, default=64, help="views per scene (grouped 2, 3, 4 and 8 at a time)")
     parser.add_argument("--scenes", nargs="+", default=["room", "object"], choices=["room", "object"])
     parser.add_argument("--json", type=Path, default=Path("exchange_plans.json"))
     parser.add_argument("--cpu-smoke", action="store_true", help="3,000 splats at 96x54 on the CPU (torch renderer)")
@@ -107,7 +138,10 @@ def main() -> None:
     else:
         device, backend, n, size = torch.device("cuda"), "auto", ROOM_SPLATS, (1920, 1080)
     began = time.perf_counter()
+    group = "nccl" if device.type == "cuda" else "gloo"  # a world of one rank, for exchange_ms
+    dist.init_process_group(group, init_method=f"file:///tmp/exchange-plans-{time.time_ns()}", rank=0, world_size=1)
     results = [measure(scene, args.views, n, size, device, backend) for scene in args.scenes]
+    dist.destroy_process_group()
     device_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     record = {"device": device_name, "wall_s": time.perf_counter() - began, "scenes": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +156,10 @@ def main() -> None:
                   f"{100 * w['union_fraction_mean']:5.1f}% {b['dense'] / 2**20:10.1f} {cells[0]:>17} "
                   f"{cells[1]:>17}")  # fmt: skip
     print("(MiB each rank sends per step, mean over steps; in brackets: less than the dense all-reduce)")
+    for r in results:
+        ms = r["one_rank_exchange_ms"]
+        print(f"{r['scene']}: one view's exchange alone on {device_name}: all-gathered {ms['all_gather']:.2f} ms, "
+              f"routed {ms['routed']:.2f} ms (median of 20)")  # fmt: skip
 
 
 if __name__ == "__main__":

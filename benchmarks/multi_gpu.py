@@ -222,8 +222,10 @@ def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> No
     params = room_splats(n, seed=0, device=device)
     names = list(params)
     exchanges = {"fp32": SparseRowExchange(), "fp16": SparseRowExchange(half=True)}  # capacity from earlier views
-    if not smoke:  # the same exchange with the pack/unpack kernels (cuda/csrc/sparse_rows.cu)
+    exchanges["fp32_routed"] = SparseRowExchange(all_to_all_from=2)  # rows routed to owners, then all-gathered
+    if not smoke:  # the same exchanges with the pack/unpack kernels (cuda/csrc/sparse_rows.cu)
         exchanges["fp32_kernels"] = SparseRowExchange(kernels=True)
+        exchanges["fp32_kernels_routed"] = SparseRowExchange(kernels=True, all_to_all_from=2)
     rows = []
     for view in range(ROOM_VIEWS + 2):  # the first two warm up
         view_backward(params, room_camera(1000 * view + rank, device, *size), backend)

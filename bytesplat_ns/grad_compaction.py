@@ -5,8 +5,8 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
 1. encode: the rows of the [N, D] gradient (every splat parameter side by side) with a non-zero entry, the
    first `capacity` of them (torch.nonzero_static, in row order; or one CUDA kernel, `kernels`, in no
    particular order; neither makes the host wait) go into one buffer of
-   capacity + 1 rows behind a header row (this rank's non-zero row count and its note); each row is its
-   index (int32, bit-cast into the value type's slots) then its D values (fp32, or fp16 as an option);
+   capacity + 1 rows behind a header row (this rank's non-zero row count, its note, a third value); each row is
+   its index (int32, bit-cast into the value type's slots) then its D values (fp32, or fp16 as an option);
 2. one all_gather_into_tensor of those equal-sized buffers;
 3. decode: every rank's rows are added, in rank order and scaled by 1/world, into a zeroed dense gradient:
    the mean an all-reduce gives, and bitwise the same on every rank (a rank's rows are distinct, so no two
@@ -17,28 +17,34 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
    host run ahead of the others by up to `lag` steps instead of waiting each step for the slowest rank's
    previous exchange.
 
-The capacity is the same on every rank (it comes from the gathered counts): the largest visible fraction of
-the last `window` exchanges read times `headroom`, times N, rounded up to 1024 rows; all N rows until the
-first counts are read. A rank with more non-zero rows than the capacity (its view saw far more than the
-recent ones) sends `capacity` of them and keeps the rest as a residual, added to its next gradient: sent a
-step late, not lost, and the capacity grows once that exchange's counts are read (`ExchangeStats.overflows`).
+From `all_to_all_from` ranks on, the rows are routed to owners first: row i belongs to rank i mod W. Each rank
+packs its touched rows into W buffers, one per owner (one kernel launch), one all_to_all_single delivers them, and
+each owner adds what it received, in rank order, into its sums (fp32); then steps 1-3 run on those sums: each
+owner all-gathers the rows of its slice that any rank touched, and every rank writes them, scaled by 1/world, into
+its gradients (each row comes from one owner, so again the same bits everywhere). Two rounds instead of one, but
+a rank sends its touched rows once (spread over the owners) and each owner its slice of their union once, where
+the all-gather sends every rank's rows to each of the W - 1 others. The owners' header rows carry the largest
+count they received in the third value, so the capacities of both rounds come from the gathered headers.
+
+The capacities are the same on every rank (they come from the gathered counts): the largest count of the last
+`window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W rounded up for an owner's),
+times `headroom`, rounded up to 1024 rows; every row until the first counts are read. A rank with more non-zero
+rows than a buffer's capacity (its view saw far more than the recent ones) sends `capacity` of them and keeps the
+rest as a residual, added to its next gradient: sent a step late, not lost, and the capacity grows once that
+exchange's counts are read (`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit.
 A residual pending when densification changes the splat count is dropped (its row indices no longer mean
 anything).
 
-When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (every rank
-sends its buffer to the W - 1 others, the all-reduce 2 (W - 1) / W of the gradients: so at a capacity near N, which
-is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is that all-reduce instead,
-the headers riding in 2 W extra values, the residual added and cleared. The decision follows from the capacity, so
-every rank makes it alike; `ExchangeStats.dense` says when it was taken.
+When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (so at
+capacities near N, which is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is
+that all-reduce instead, the headers riding in 3 W extra values, the residuals added and cleared. The decision
+follows from the capacities, so every rank makes it alike; `ExchangeStats.dense` says when it was taken.
 
-Why an all-gather rather than an all-to-all: with an all-to-all each rank would own a slice of the splats,
-receive the rows of its slice, sum them and send the sums back: two rounds, the second carrying the union
-of the visible rows. On 2 GPUs that sends at least as many bytes as the all-gather (equal when both views
-see the same splats), at twice the latency. Measured on a 2M-splat scene's gradient rows
+Which plan sends fewer bytes was measured on a 2M-splat scene's gradient rows for 2, 3, 4 and 8 ranks
 (benchmarks/exchange_plans.py, benchmarks/RESULTS.md): with 2 ranks the all-gather sends 13-20% fewer bytes than
-the all-to-all; from 4 ranks on the all-to-all sends fewer (by 3-34% of the dense all-reduce's bytes at 4 ranks,
-20-128% at 8), and where views overlap the all-gather can exceed the dense all-reduce, which the fallback above then
-takes. Only the all-gather is built: no machine here has more than 2 GPUs to run an all-to-all on.
+the routed plan (whose second round carries the union of both views); from 4 ranks on the routed plan sends fewer
+(by 3-34% of the dense all-reduce's bytes at 4 ranks, 20-128% at 8), and where views overlap the all-gather alone
+can exceed the dense all-reduce.
 
 Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
@@ -66,53 +72,72 @@ class ExchangeStats:
     """What one exchange moved, in bytes each rank sent, against a dense ring all-reduce of the same gradients."""
 
     sent_bytes: int
-    """Compacted: this rank's buffer (capacity + 1 rows) to each of the world - 1 peers."""
+    """Compacted: this rank's buffers to the world - 1 peers (capacity + 1 rows each; with owners, also its
+    route_capacity + 1 rows to each other owner)."""
     dense_bytes: int
     """Dense ring all-reduce of the same fp32 gradients: 2 (world - 1) / world of their size."""
     notes: list[int]
     """Every rank's `note` of the exchange `lag` exchanges before this one, in rank order (zeros before that)."""
     overflows: int = 0
-    """1 if that exchange had a rank with more non-zero rows than its capacity."""
+    """1 if that exchange had a buffer with more non-zero rows than its capacity."""
     dense: bool = False
     """This exchange was a dense all-reduce: the compacted buffers would have been larger."""
     part_seconds: dict[str, float] = field(default_factory=dict)
     """Host wall time of each part of this exchange: late read (the headers of `lag` exchanges back, the
-    capacity), pack, all-gather, unpack, header copy."""
+    capacity), route (with owners: pack, all-to-all, sum), pack, all-gather, unpack, header copy."""
+
+
+HEADER_INTS = 3
+"""A buffer's header row: the non-zero row count, the note, the largest count an owner received (or 0)."""
 
 
 @dataclass
 class SparseRowExchange:
-    """The compacted gradient exchange of one training run (it keeps the capacity and last headers)."""
+    """The compacted gradient exchange of one training run (it keeps the capacities and last headers)."""
 
     half: bool = False
-    """Send the values as float16 (the sum is formed in float32)."""
+    """Send the values as float16 (the sums are formed in float32)."""
     headroom: float = 1.25
-    """Capacity = this times the largest visible fraction seen in the last `window` exchanges."""
+    """Capacity = this times the largest count seen in the last `window` exchanges."""
     window: int = 100
     lag: int = STEPS_LATE
     """Exchanges between sending the headers and reading them on the host."""
     kernels: bool = False
     """Pack and unpack CUDA gradients with bytesplat's kernels (cuda/csrc/sparse_rows.cu: one launch each) instead
     of torch operations (about twenty launches and several passes over [N, D])."""
+    all_to_all_from: int = 4
+    """Route the rows to owner ranks (all-to-all, then an all-gather of the owners' sums) from this many ranks on;
+    with fewer, all-gather every rank's rows."""
     group: object = None
     capacity: int = 0
-    """Rows per rank in the last exchange."""
+    """Rows per rank in the last exchange's all-gather."""
+    route_capacity: int = 0
+    """Rows per owner in the last exchange's all-to-all (0: the rows were not routed)."""
     _fractions: deque = field(default_factory=deque)
+    """The all-gather's largest count of recent exchanges, over the rows its buffer could need."""
+    _route_fractions: deque = field(default_factory=deque)
+    """The all-to-all's largest count of recent exchanges, over the rows an owner has."""
     _headers: LateQueue | None = None
-    """Each exchange's gathered headers [W, 2], tagged with its capacity and row count."""
+    """Each exchange's gathered headers [W, 3], tagged with (rows a buffer could need, capacity, route capacity)."""
     _residual: Tensor | None = None
-    """[N, D] the rows earlier exchanges could not send (zeros once sent); made when the capacity first falls below
-    N, dropped when densification changes N."""
+    """[N, D] the rows this rank's earlier exchanges could not send (zeros once sent); made when a capacity first
+    falls below what its buffer could need, dropped when densification changes N."""
+    _held: Tensor | None = None
+    """[N, D] with owners: the sums of this rank's slice its all-gather could not send (likewise)."""
+    _sums: Tensor | None = None
+    """[N, D] with owners: this rank's sums of the routed rows (its slice; zeros elsewhere)."""
     _note: Tensor | None = None
     """[1] int32 on the gradients' device: this exchange's note, written into the header on the device."""
     _round: tuple = ([], 0)
     """(notes, overflows) read by the last `begin`."""
     _gathered_headers: Tensor | None = None
-    """[W, 2] int32 every rank's header row of the last exchange (on the device)."""
-    _residual_shape: tuple = (0, 0)
+    """[W, 3] int32 every rank's header row of the last exchange (on the device)."""
+    _shape: tuple = (0, 0)
     """(N, D) of the last exchange's gradients side by side."""
     _sent_bytes: int = 0
-    """Bytes this rank sent in the last exchange."""
+    """Bytes this rank sends in the exchange `begin` prepared."""
+    _routed: bool = False
+    """Whether the exchange `begin` prepared routes the rows to owners."""
     _dense: bool = False
     """Whether the exchange `begin` prepared is a dense all-reduce."""
 
@@ -137,58 +162,75 @@ class SparseRowExchange:
 
     def begin(self, like: list[Tensor], note: int) -> tuple:
         """The host's part before an exchange of gradients shaped and placed as `like` (the gradients, or their
-        parameters): read the headers of `lag` exchanges back, set the capacity, keep the residual buffer, put
+        parameters): read the headers of `lag` exchanges back, set the capacities, keep the residual buffers, put
         `note` in a device tensor, choose compacted rows or a dense all-reduce. -> what the device part bakes in (the
-        step graph, step_graph.py, records `exchange_rows` again when it changes): (capacity, residual buffer's
-        address, dense)."""
+        step graph, step_graph.py, records `exchange_rows` again when it changes): the capacities, the plan and the
+        buffers' addresses."""
         world = dist.get_world_size(self.group)
         self._round = self._read_late_headers(world)
         num_rows, width = like[0].shape[0], sum(math.prod(t.shape[1:]) for t in like)
-        self._residual_shape = (num_rows, width)
-        self.capacity = self._next_capacity(num_rows)
-        if self._residual is not None and self._residual.shape != (num_rows, width):
-            self._residual = None  # densification renumbered the splats: its rows no longer mean anything
+        if (num_rows, width) != self._shape:  # densification renumbered the splats: held rows mean nothing now
+            self._residual = self._held = self._sums = None
+        self._shape = (num_rows, width)
+        self._routed = world >= self.all_to_all_from  # 1: one rank routes to itself (what the tests run on 1 GPU)
+        limit = self._limit(world)
+        self.capacity = self._next_capacity(self._fractions, limit)
+        self.route_capacity = self._next_capacity(self._route_fractions, limit) if self._routed else 0
         device = like[0].device
-        if self._residual is None and self.capacity < num_rows:
+        if self._residual is None and (self.route_capacity if self._routed else self.capacity) < limit:
             self._residual = torch.zeros(num_rows, width, device=device)
+        if self._routed and self._held is None and self.capacity < limit:
+            self._held = torch.zeros(num_rows, width, device=device)
+        if self._routed and self._sums is None:
+            self._sums = torch.empty(num_rows, width, device=device)
         if self._note is None or self._note.device != device:
             self._note = torch.zeros(1, dtype=torch.int32, device=device)
         self._note.fill_(note)
-        dtype = torch.float16 if self.half else torch.float32  # of the values sent
-        compacted = (world - 1) * (self.capacity + 1) * (self._slots(dtype) + width) * dtype.itemsize
-        self._dense = compacted > _ring_all_reduce_bytes(world, num_rows * width)
-        return self.capacity, self._residual.data_ptr() if self._residual is not None else None, self._dense
+        rows = self.capacity + 1 + (self.route_capacity + 1 if self._routed else 0)  # to each peer
+        self._sent_bytes = (world - 1) * rows * self._row_bytes()
+        self._dense = self._sent_bytes > _ring_all_reduce_bytes(world, num_rows * width)
+        if self._dense:
+            self._sent_bytes = _ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
+        buffers = (self._residual, self._held, self._sums)
+        addresses = tuple(t.data_ptr() if t is not None else None for t in buffers)
+        return self.capacity, self.route_capacity, self._dense, addresses
 
     def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None) -> None:
-        """The device's part, no host sync: pack this rank's rows, all-gather every rank's, unpack their mean into
-        `grads`; the gathered headers stay on the device for `end`. Uses what `begin` set."""
+        """The device's part, no host sync: (route this rank's rows to their owners and sum them there,) pack, all-
+        gather every rank's rows, unpack their mean into `grads`; the gathered headers stay on the device for
+        `end`. Uses what `begin` set."""
         laps = laps or PhaseClock({})
         world = dist.get_world_size(self.group)
         if self._dense:
             self._gathered_headers = self._all_reduce(grads, world)
             laps.lap("all-reduce")
             return
-        kernels = self.kernels and grads[0].is_cuda
-        buffer = (self._pack_kernel if kernels else self._pack_torch)(grads)
+        source, residual, largest_received = grads, self._residual, None
+        if self._routed:
+            largest_received = self._route(grads, world)
+            source, residual = [self._sums], self._held
+            laps.lap("route")
+        buffer = self._pack(source, self.capacity, residual, owners=1)  # [1, capacity + 1, slots + D]
+        if largest_received is not None:
+            self._header_ints(buffer)[2:].copy_(largest_received)
         laps.lap("pack")
-        gathered = buffer.new_empty(world * buffer.shape[0], buffer.shape[1])
+        gathered = buffer.new_empty(world, *buffer.shape[1:])  # [W, capacity + 1, slots + D]
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
-        gathered = gathered.view(world, *buffer.shape)  # [W, capacity + 1, slots + D]
         laps.lap("all-gather")
-        if kernels:  # one call: zero, add every rank's rows in rank order, the headers [W, 2]
-            self._gathered_headers = ops.unpack_rows(grads, gathered, self.capacity, 1.0 / world)
-        else:
-            self._gathered_headers = self._unpack_torch(grads, gathered, world)
+        self._gathered_headers = self._unpack(grads, gathered, self.capacity, 1.0 / world)
         laps.lap("unpack")
-        self._sent_bytes = (world - 1) * buffer.numel() * buffer.element_size()
 
     def end(self) -> ExchangeStats:
         """The host's part after an exchange: start copying its gathered headers to the host (read `lag` exchanges
         later). -> what it moved, and the notes and overflows `begin` read."""
         world = dist.get_world_size(self.group)
-        num_rows, width = self._residual_shape
-        sent_rows = num_rows if self._dense else self.capacity  # a dense exchange holds nothing back
-        self._headers.push(self._gathered_headers, tag=(sent_rows, num_rows))
+        num_rows, width = self._shape
+        limit = self._limit(world)
+        if self._dense:  # nothing held back
+            tag = (limit, limit, limit if self._routed else 0)
+        else:
+            tag = (limit, self.capacity, self.route_capacity)
+        self._headers.push(self._gathered_headers, tag=tag)
         notes, overflows = self._round
         return ExchangeStats(
             sent_bytes=self._sent_bytes,
@@ -198,99 +240,150 @@ class SparseRowExchange:
             dense=self._dense,
         )
 
-    @staticmethod
-    def _slots(dtype: torch.dtype) -> int:
-        """Value slots holding one int32."""
-        return 4 // dtype.itemsize
+    def _limit(self, world: int) -> int:
+        """The most rows one buffer can need: every row, or with owners an owner's slice."""
+        return -(-self._shape[0] // world) if self._routed else self._shape[0]
+
+    def _value_dtype(self) -> torch.dtype:
+        return torch.float16 if self.half else torch.float32
+
+    def _row_bytes(self) -> int:
+        """Bytes of one buffer row: the index's slots and the D values."""
+        dtype = self._value_dtype()
+        return (_slots(dtype) + self._shape[1]) * dtype.itemsize
+
+    def _route(self, grads: list[Tensor], world: int) -> Tensor:
+        """With owners: this rank's touched rows to their owners (rows that did not fit stay in the residual), one
+        all_to_all_single, the owner's sums of what it received into `_sums`. -> [1] int32 the largest count this
+        owner received (every sender's count of its rows, sent or not)."""
+        routed = self._pack(grads, self.route_capacity, self._residual, owners=world)  # [W, route_capacity + 1, ...]
+        received = torch.empty_like(routed)
+        dist.all_to_all_single(received, routed, group=self.group)
+        headers = self._unpack([self._sums], received, self.route_capacity, 1.0)
+        return headers[:, 0].max().view(1)
 
     def _all_reduce(self, grads: list[Tensor], world: int) -> Tensor:
-        """grads = their mean over the ranks (with the residual, then cleared), by one all-reduce that also carries
-        every rank's header (its non-zero row count and note) in 2 W extra values. -> the headers [W, 2] int32."""
-        num_rows, width = self._residual_shape
-        flat = grads[0].new_empty(num_rows * width + 2 * world)
+        """grads = their mean over the ranks (with the residuals, then cleared), by one all-reduce that also
+        carries every rank's header in 3 W extra values. -> the headers [W, 3] int32, with the counts the plan
+        reads: the rank's non-zero row count; with owners, the largest count the rank had for one owner in the
+        third value and each owner's non-zero row count of the mean in the first."""
+        num_rows, width = self._shape
+        flat = grads[0].new_empty(num_rows * width + HEADER_INTS * world)
         rows = flat[: num_rows * width].view(num_rows, width)
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=rows)
-        if self._residual is not None:
-            rows.add_(self._residual)
-            self._residual.zero_()
-        headers = flat[num_rows * width :].view(world, 2)
+        for pending in (self._residual, self._held):
+            if pending is not None:
+                rows.add_(pending)
+                pending.zero_()
+        headers = flat[num_rows * width :].view(world, HEADER_INTS)
         headers.zero_()
         mine = headers[dist.get_rank(self.group)]
-        mine[0] = rows.ne(0).any(dim=1).sum()  # float32 holds counts exactly up to 2^24 rows
+        touched = rows.ne(0).any(dim=1)  # [N]; float32 holds the counts exactly up to 2^24 rows
+        if self._routed:
+            mine[2] = _owner_counts(touched, world).max()
+        else:
+            mine[0] = touched.sum()
         mine[1] = self._note[0]
         dist.all_reduce(flat, group=self.group)
         rows.div_(world)
+        if self._routed:  # the same on every rank: the mean is
+            headers[:, 0] = _owner_counts(rows.ne(0).any(dim=1), world)
         for grad, part in zip(grads, rows.split([math.prod(g.shape[1:]) for g in grads], dim=1)):
             grad.copy_(part.reshape(grad.shape))
-        self._sent_bytes = _ring_all_reduce_bytes(world, flat.numel())
         return headers.round().int()
 
-    def _header_note(self, buffer: Tensor) -> Tensor:
-        """The header row's note slot of `buffer` as an int32 [1]."""
-        slots = self._slots(buffer.dtype)
-        return buffer[0, slots : 2 * slots].view(torch.int32)
+    def _header_ints(self, buffer: Tensor) -> Tensor:
+        """The first header row of `buffer` [owners, capacity + 1, slots + D] as its int32 [3]."""
+        return buffer[0, 0, : HEADER_INTS * _slots(buffer.dtype)].view(torch.int32)
 
-    def _pack_kernel(self, grads: list[Tensor]) -> Tensor:
-        """One launch (cuda/csrc/sparse_rows.cu): the buffer, rows in no particular order; rows that did not fit
-        stay in the residual (read and rewritten in place: one warp reads and writes each row)."""
-        buffer = ops.pack_rows(grads, self.capacity, 0, self.half, self._residual, self._residual)
-        self._header_note(buffer).copy_(self._note)
+    def _pack(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int) -> Tensor:
+        """-> buffers [owners, capacity + 1, slots + D] of the touched rows of `grads` (a pending `residual` added in;
+        the rows that did not fit stay there), row i in buffer i mod owners, this exchange's note in each header."""
+        if self.kernels and grads[0].is_cuda:  # one launch; rows in no particular order
+            buffer = ops.pack_rows(grads, capacity, 0, self.half, residual, residual, owners)
+        else:
+            buffer = self._pack_torch(grads, capacity, residual, owners)
+        slots = _slots(buffer.dtype)
+        buffer[:, 0, slots : 2 * slots] = self._note.view(buffer.dtype)
         return buffer
 
-    def _pack_torch(self, grads: list[Tensor]) -> Tensor:
-        """The same buffer from torch operations (any device): rows in row order, padding rows point at row N;
-        rows that did not fit stay in the residual."""
-        num_rows, capacity = grads[0].shape[0], self.capacity
+    def _pack_torch(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int) -> Tensor:
+        """`_pack` from torch operations (any device): rows in row order, padding rows point at row N."""
+        num_rows = grads[0].shape[0]
         width = sum(g[0].numel() for g in grads)
         flat = grads[0].new_empty(num_rows + 1, width)  # [N + 1, D]; row N stays zero (padding reads it)
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
         flat[num_rows].zero_()
-        if self._residual is not None:
-            flat[:num_rows].add_(self._residual)
-        dtype = torch.float16 if self.half else flat.dtype
-        slots = self._slots(dtype)
+        if residual is not None:
+            flat[:num_rows].add_(residual)
+        dtype = self._value_dtype()
+        slots = _slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
-        rows = torch.nonzero_static(touched, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
-        buffer = flat.new_empty(capacity + 1, slots + flat.shape[1], dtype=dtype)
-        buffer[0, :slots] = touched.sum(dtype=torch.int32).view(1).view(dtype)
-        self._header_note(buffer).copy_(self._note)
-        buffer[1:, :slots] = rows.int().view(dtype).view(capacity, slots)
-        buffer[1:, slots:] = flat.index_select(0, rows)
-        if self._residual is not None:  # rows that did not fit wait here, added to the next gradient
-            self._residual.copy_(flat.index_fill_(0, rows, 0)[:num_rows])
+        owner = torch.arange(num_rows, device=flat.device) % owners  # [N]
+        buffer = flat.new_empty(owners, capacity + 1, slots + width, dtype=dtype)
+        buffer[:, 0].zero_()
+        sent = []
+        for o in range(owners):
+            mine = touched & (owner == o) if owners > 1 else touched  # [N]
+            rows = torch.nonzero_static(mine, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
+            buffer[o, 0, :slots] = mine.sum(dtype=torch.int32).view(1).view(dtype)
+            buffer[o, 1:, :slots] = rows.int().view(dtype).view(capacity, slots)
+            buffer[o, 1:, slots:] = flat.index_select(0, rows)
+            sent.append(rows)
+        if residual is not None:  # rows that did not fit wait here, added to the next gradient
+            residual.copy_(flat.index_fill_(0, torch.cat(sent), 0)[:num_rows])
         return buffer
 
-    def _unpack_torch(self, grads: list[Tensor], gathered: Tensor, world: int) -> Tensor:
-        """grads = the mean of every rank's rows, added in rank order into a zeroed dense [N + 1, D]. -> the ranks'
-        headers [W, 2] int32."""
+    def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float) -> Tensor:
+        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D], added in rank order into
+        zeros (the same bits on every rank). -> the headers [W, 3] int32."""
+        if self.kernels and grads[0].is_cuda:  # one call
+            return ops.unpack_rows(grads, gathered, capacity, scale)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
-        slots = self._slots(gathered.dtype)
+        slots = _slots(gathered.dtype)
         dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]
-        for rank in range(world):
+        for rank in range(gathered.shape[0]):
             rows = gathered[rank, 1:, :slots].contiguous().view(torch.int32).view(-1)  # [capacity]
-            dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=1.0 / world)
+            dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=scale)
         for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
             grad.copy_(part.reshape(grad.shape))
-        return gathered[:, 0, : 2 * slots].contiguous().view(torch.int32)
+        return gathered[:, 0, : HEADER_INTS * slots].contiguous().view(torch.int32)
 
     def _read_late_headers(self, world: int) -> tuple[list[int], int]:
         """The notes of the exchange `lag` exchanges back, and whether it overflowed (0 or 1); its counts go into
-        the capacity window."""
+        the capacity windows."""
         notes, overflows = [0] * world, 0
-        for headers, (capacity, num_rows) in self._headers.pop_ready():
-            counts, notes = zip(*headers)
-            largest = max(counts)
-            notes, overflows = list(notes), overflows + int(largest > capacity)
-            self._fractions.append(largest / max(1, num_rows))
-            if len(self._fractions) > self.window:
-                self._fractions.popleft()
+        for headers, (limit, capacity, route_capacity) in self._headers.pop_ready():
+            counts, notes, received = (list(column) for column in zip(*headers))
+            overflows += int(max(counts) > capacity or max(received) > route_capacity)
+            _remember(self._fractions, max(counts) / max(1, limit), self.window)
+            if route_capacity:
+                _remember(self._route_fractions, max(received) / max(1, limit), self.window)
         return notes, overflows
 
-    def _next_capacity(self, num_rows: int) -> int:
-        if not self._fractions:
-            return num_rows
-        rows = math.ceil(num_rows * min(1.0, max(self._fractions) * self.headroom))
-        return max(1, min(num_rows, -(-rows // CAPACITY_GRANULE) * CAPACITY_GRANULE))
+    def _next_capacity(self, fractions: deque, limit: int) -> int:
+        """Rows for a buffer that could need `limit`: every row until counts are read."""
+        if not fractions:
+            return limit
+        rows = math.ceil(limit * min(1.0, max(fractions) * self.headroom))
+        return max(1, min(limit, -(-rows // CAPACITY_GRANULE) * CAPACITY_GRANULE))
+
+
+def _slots(dtype: torch.dtype) -> int:
+    """Value slots holding one int32."""
+    return 4 // dtype.itemsize
+
+
+def _remember(window: deque, value: float, size: int) -> None:
+    window.append(value)
+    if len(window) > size:
+        window.popleft()
+
+
+def _owner_counts(touched: Tensor, owners: int) -> Tensor:
+    """[owners] float: how many of the rows flagged in `touched` [N] bool belong to each owner (row i: i mod owners)."""
+    padded = torch.nn.functional.pad(touched.float(), (0, -len(touched) % owners))
+    return padded.view(-1, owners).sum(dim=0)
 
 
 @dataclass

@@ -38,6 +38,11 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     """Pack and unpack the compacted rows with bytesplat's CUDA kernels (one launch each; built when training starts
     on several GPUs, like the fused renderer) instead of about twenty torch operations: the exchange's host time
     per step 1.53 -> 0.69 ms on lego (benchmarks/RESULTS.md). False: torch operations (no nvcc needed)."""
+    exchange_all_to_all_from: int = 4
+    """From this many GPUs on, the compacted exchange routes each gradient row to an owner GPU (an all-to-all), which
+    sums what it gets and all-gathers the sums; with fewer, every GPU's rows are all-gathered. Chosen by the bytes
+    each plan sends on real gradients (benchmarks/exchange_plans.py): the all-gather sends fewer with 2 GPUs, the
+    routed plan from 4."""
 
 
 class ByteSplatPipeline(VanillaPipeline):
@@ -77,7 +82,9 @@ class ByteSplatPipeline(VanillaPipeline):
         kernels = config.exchange_kernels and world_size > 1 and torch.device(device).type == "cuda"
         if kernels:
             _build_exchange_kernels()
-        sparse = SparseRowExchange(half=config.half_precision_exchange, kernels=kernels)
+        sparse = SparseRowExchange(
+            half=config.half_precision_exchange, kernels=kernels, all_to_all_from=config.exchange_all_to_all_from
+        )
         self.exchange = DenseExchange() if config.exchange == "dense" else sparse
         self._other_params: list[torch.nn.Parameter] | None = None
         """The parameters other than the splats', listed at the first exchange."""

@@ -24,13 +24,15 @@ cuDNN for the same kind of reason (model.py). tests/test_step_graph.py holds a r
 op by op.
 
 Several GPUs (one process each): the graph holds the compacted gradient exchange's device part (pack, NCCL
-all-gather, unpack: grad_compaction.py) between backward and Adam. Its host parts run around each replay: before,
+all-gather, unpack; from `--pipeline.exchange-all-to-all-from` GPUs a routing round first: pack per owner, NCCL
+all-to-all, sum: grad_compaction.py) between backward and Adam. Its host parts run around each replay: before,
 the late read of earlier headers sets the capacity and this step's note goes into a device tensor; after, the
-gathered headers start their copy to the host. The graph is recorded again when the capacity or the residual
+gathered headers start their copy to the host. The graph is recorded again when a capacity or a residual
 buffer changes, or the exchange turns into a dense all-reduce or back (grad_compaction.py); all follow from the
 gathered counts, so they change at the same step on every rank. Ranks may record at different steps (their
-binning capacities differ): a recording runs nothing, and every step, replayed or eager, makes exactly one
-collective (the all-gather, or the dense all-reduce), the same on every rank, so the collectives stay matched.
+binning capacities differ): a recording runs nothing, and every step, replayed or eager, makes the same
+collectives on every rank (the all-gather, after the all-to-all when routed, or the dense all-reduce), so they stay
+matched.
 
 Used with CUDA processes on the fused loss path (several: with the compacted exchange and its kernels), with the
 one-launch Adam (adam_all_groups.py: it reads

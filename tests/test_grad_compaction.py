@@ -1,4 +1,5 @@
-"""Sparse-gradient compaction over gloo (2 and 3 CPU processes) equals a dense all-reduce; camera shards."""
+"""Sparse-gradient compaction over gloo (2 to 4 CPU processes) equals a dense all-reduce, its rows all-gathered or
+routed to owners; camera shards."""
 
 from __future__ import annotations
 
@@ -66,18 +67,20 @@ class _ReplayedExchange:
         return self.exchange.end()
 
 
-def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend: str = "gloo",
+def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_from: int, backend: str = "gloo",
             graph: bool = False) -> None:  # fmt: skip
     """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels (with
-    `graph`, their device part replayed from a CUDA graph)."""
+    `graph`, their device part replayed from a CUDA graph). Rows routed to owners from `route_from` ranks on."""
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
+    routed = world >= route_from
+    limit = -(-ROWS // world) if routed else ROWS  # the most rows one buffer can need
     try:
-        exchange = SparseRowExchange(half=half, lag=lag, kernels=backend == "nccl")
+        exchange = SparseRowExchange(half=half, lag=lag, kernels=backend == "nccl", all_to_all_from=route_from)
         replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES])
         plain_exchange = DenseExchange(lag=lag)
         sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
@@ -100,9 +103,11 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
                 assert relative(got, want) <= tolerance, (case, step)
             # compacted rows unless their buffers would be larger than a dense all-reduce, then that all-reduce
             value_bytes = 2 if half else 4
-            compacted = (world - 1) * (exchange.capacity + 1) * (4 // value_bytes + WIDTH) * value_bytes
+            assert (exchange.route_capacity > 0) == routed
+            rows = exchange.capacity + 1 + (exchange.route_capacity + 1 if routed else 0)  # to each peer
+            compacted = (world - 1) * rows * (4 // value_bytes + WIDTH) * value_bytes
             assert stats.dense == (compacted > stats.dense_bytes), (step, stats)
-            assert stats.sent_bytes <= (stats.dense_bytes if not stats.dense else stats.dense_bytes + 16 * world)
+            assert stats.sent_bytes <= (stats.dense_bytes if not stats.dense else stats.dense_bytes + 24 * world)
             if lag <= step < dense_at and not half and world == 2:  # capacity from the sparse steps: 2048 of 5000
                 assert not stats.dense and stats.sent_bytes < stats.dense_bytes, stats
             plans.add(stats.dense)
@@ -116,7 +121,9 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
             plain = [g.clone() for g in grads]
             assert plain_exchange.average(plain, note=rank).notes == [0 if late < 0 else r for r in range(world)]
             assert relative(plain, want) <= REL_TOL_FP32
-        assert "dense" in STEPS and exchange.capacity == ROWS  # the dense step overflowed and grew the capacity
+        # the dense step overflowed the first round's capacity (routed: the gather's grows once the held-back rows
+        # reach the owners' sums) and grew it
+        assert "dense" in STEPS and (exchange.route_capacity if routed else exchange.capacity) == limit
         assert relative(sum_got, sum_want) <= tolerance  # what was held back went a step later, not lost
         if world > 1 and not half:  # both plans taken: dense at a capacity of every row (first steps, after the
             assert plans == {False, True}, plans  # overflow), compacted rows at the sparse steps' capacity
@@ -126,26 +133,34 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, backend
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world, lag", [(2, 1), (3, 1), (2, 4)])
-def test_compacted_exchange_equals_dense_allreduce(tmp_path, world, lag):
-    """Random sparse rows, a rank that saw no splat, fully dense gradients (an overflow of the capacity); the
-    headers read 1 or 4 steps late."""
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), False, lag), nprocs=world, join=True)
+@pytest.mark.parametrize(
+    "world, lag, route_from",
+    [(2, 1, 99), (3, 1, 99), (2, 4, 99), (2, 1, 2), (3, 4, 3), (4, 1, 4)],
+    ids=lambda v: str(v) if v != 99 else "all-gather",
+)
+def test_compacted_exchange_equals_dense_allreduce(tmp_path, world, lag, route_from):
+    """Random sparse rows, a rank that saw no splat, fully dense gradients (an overflow of the capacities); the
+    headers read 1 or 4 steps late; every rank's rows all-gathered, or routed to owners (from `route_from` ranks)."""
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), False, lag, route_from), nprocs=world, join=True)
 
 
-def test_half_precision_values(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), True, 4), nprocs=2, join=True)
+@pytest.mark.parametrize("route_from", [99, 2], ids=["all-gather", "routed"])
+def test_half_precision_values(tmp_path, route_from):
+    mp.spawn(_worker, args=(2, str(tmp_path / "init"), True, 4, route_from), nprocs=2, join=True)
 
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("graph", [False, True], ids=["op-by-op", "graph"])
-def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half, graph):
-    """The same steps with the exchange kernels (pack, NCCL all-gather, unpack) on 1 or 2 GPUs, run op by op or
-    replayed from a CUDA graph as the step graph does."""
+@pytest.mark.parametrize("route_from", [99, 1], ids=["all-gather", "routed"])
+def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half, graph, route_from):
+    """The same steps with the exchange kernels (pack, NCCL all-gather, unpack; routed: pack per owner, NCCL
+    all-to-all, sum, then the same) on 1 or 2 GPUs, run op by op or replayed from a CUDA graph as the step graph
+    does."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPU(s) (NCCL and the exchange kernels)")
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 4, "nccl", graph), nprocs=world, join=True)
+    args = (world, str(tmp_path / "init"), half, 4, route_from, "nccl", graph)
+    mp.spawn(_worker, args=args, nprocs=world, join=True)
 
 
 @pytest.mark.parametrize(
@@ -168,15 +183,17 @@ def test_each_epoch_draws_a_new_order():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
 @pytest.mark.parametrize("half", [False, True])
-@pytest.mark.parametrize("capacity", [ROWS, 400])  # all rows fit; 400 < the ~833 touched rows: a residual
-def test_pack_unpack_kernels_match_torch(half, capacity):
-    """Two ranks' gradients packed by the kernel, then unpacked in rank order, give the mean of the rows sent;
-    the rows that did not fit are exactly the residual, a pending residual is added in, and the unpacking hands
-    back both headers."""
+@pytest.mark.parametrize("capacity", [ROWS, 400, 150])  # all rows fit; fewer than the touched rows: a residual
+@pytest.mark.parametrize("owners", [1, 3])
+def test_pack_unpack_kernels_match_torch(half, capacity, owners):
+    """Two ranks' gradients packed by the kernel (row i into buffer i mod owners), then unpacked in rank order,
+    give the mean of the rows sent; the rows that did not fit are exactly the residual, a pending residual is added
+    in, and the unpacking hands back every header."""
     from bytesplat_ns.cuda import ops
 
     device = torch.device("cuda")
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
+    slots = 2 if half else 1
     ranks = [[make_grad("sparse", rank, 0, shape).to(device) for shape in SHAPES] for rank in range(2)]
     pending = torch.zeros(ROWS, sum(math.prod(s) for s in SHAPES), device=device)
     pending[7] = 1.0  # a row held back from an earlier step, touched by no gradient now
@@ -185,27 +202,29 @@ def test_pack_unpack_kernels_match_torch(half, capacity):
         flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1) + (pending if rank == 0 else 0)
         residual = torch.full_like(flat, float("nan")) if capacity < ROWS else None  # every row must be written
         buffer = ops.pack_rows(grads, capacity, note=10 + rank, half=half, residual_in=pending if rank == 0 else None,
-                               residual_out=residual)  # fmt: skip
-        count, note = buffer[0, : 2 * (2 if half else 1)].contiguous().view(torch.int32).tolist()
-        touched = int(flat.ne(0).any(1).sum())
-        assert (count, note) == (touched, 10 + rank)
-        slots = 2 if half else 1
-        rows = buffer[1 : 1 + min(count, capacity), :slots].contiguous().view(torch.int32).view(-1).long()
-        assert len(set(rows.tolist())) == len(rows)  # each row once
-        values = buffer[1 : 1 + len(rows), slots:].float()
-        assert float((values - flat[rows]).norm() / flat[rows].norm()) <= tolerance
+                               residual_out=residual, owners=owners)  # fmt: skip
+        assert buffer.shape == (owners, capacity + 1, slots + WIDTH)
         kept = torch.zeros_like(flat)
-        kept[rows] = flat[rows]
+        touched = flat.ne(0).any(1)
+        for owner in range(owners):
+            count, note, third = buffer[owner, 0, : 3 * slots].contiguous().view(torch.int32).tolist()
+            assert (count, note, third) == (int(touched[owner::owners].sum()), 10 + rank, 0)
+            rows = buffer[owner, 1 : 1 + min(count, capacity), :slots].contiguous().view(torch.int32).view(-1).long()
+            assert len(set(rows.tolist())) == len(rows) and bool((rows % owners == owner).all())  # each row once
+            values = buffer[owner, 1 : 1 + len(rows), slots:].float()
+            assert float((values - flat[rows]).norm() / flat[rows].norm()) <= tolerance
+            kept[rows] = flat[rows]
         if residual is not None:  # sent + held back = everything, nothing twice
             assert torch.isfinite(residual).all()
-            assert torch.equal((kept != 0).any(1) & (residual != 0).any(1), torch.zeros(ROWS, dtype=torch.bool,
-                                                                                      device=device))  # fmt: skip
+            assert not bool(((kept != 0).any(1) & (residual != 0).any(1)).any())
             assert float((kept + residual - flat).norm()) <= tolerance * float(flat.norm())
+        else:
+            assert float((kept - flat).norm()) <= tolerance * float(flat.norm())
         sent.append(kept)
         buffers.append(buffer)
     out = [torch.full_like(g, float("nan")) for g in ranks[0]]  # unpack_rows zeroes them first
-    headers = ops.unpack_rows(out, torch.stack(buffers), capacity, 0.5)
-    assert [note for _, note in headers.tolist()] == [10, 11]
+    headers = ops.unpack_rows(out, torch.cat(buffers), capacity, 0.5)  # every buffer, as if from 2 x owners ranks
+    assert [note for _, note, _ in headers.tolist()] == [10] * owners + [11] * owners
     want = (sent[0] + sent[1]) / 2
     got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)
     assert float((got - want).norm() / want.norm()) <= tolerance

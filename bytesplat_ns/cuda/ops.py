@@ -351,10 +351,12 @@ def pack_rows(
     half: bool,
     residual_in: Tensor | None = None,  # [N, D] added to the rows
     residual_out: Tensor | None = None,  # [N, D] written: rows past the capacity, zeros elsewhere
+    owners: int = 1,
 ) -> Tensor:
-    """The compacted exchange's buffer [capacity + 1, slots + D] (csrc/sparse_rows.h): header row (row count,
-    note), then the rows with a non-zero value, in no particular order, each its int32 index then its values."""
-    return ext().pack_rows(grads, residual_in, residual_out, capacity, note, half)
+    """The compacted exchange's buffers [owners, capacity + 1, slots + D] (csrc/sparse_rows.h), row i in buffer
+    i mod owners: a header row (row count, note, 0), then the rows with a non-zero value, in no particular order,
+    each its int32 index then its values."""
+    return ext().pack_rows(grads, residual_in, residual_out, capacity, note, half, owners)
 
 
 def unpack_rows(
@@ -364,7 +366,7 @@ def unpack_rows(
     scale: float,
 ) -> Tensor:
     """grads = scale * the sum of every rank's rows, added in rank order (bitwise the same on every rank), in one
-    call. -> the ranks' header rows [W, 2] int32 (row count, note)."""
+    call. -> the ranks' header rows [W, 3] int32 (row count, note, third value)."""
     return ext().unpack_rows(grads, gathered, capacity, scale)
 
 

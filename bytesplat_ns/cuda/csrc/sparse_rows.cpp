@@ -25,15 +25,26 @@ RowParts row_parts(const std::vector<at::Tensor>& grads) {
 
 int64_t row_slots(bool half) { return half ? 2 : 1; }
 
+// A buffer row's bytes must hold the header's ints.
+void check_header_fits(int64_t values, bool half) {
+  const int64_t bytes = (row_slots(half) + values) * (half ? 2 : 4);
+  BYTESPLAT_CHECK(bytes >= kHeaderInts * 4, "rows of ", values, " values are too narrow for the ", kHeaderInts,
+                  " header ints; exchange gradients of at least ", half ? 4 : 2, " values per row");
+}
+
 }  // namespace
 
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual_in,
-                     const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half) {
+                     const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half,
+                     int64_t owners) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
-  BYTESPLAT_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "capacity must be a positive int32");
-  BYTESPLAT_CHECK(capacity >= parts.rows || residual_out.has_value(),
-              "a capacity below the row count needs residual_out for the rows that do not fit");
+  BYTESPLAT_CHECK(owners >= 1 && owners <= kMaxOwners, "owners must be between 1 and ", kMaxOwners, ", got ", owners);
+  BYTESPLAT_CHECK(capacity >= 1 && owners * (capacity + 1) < (int64_t{1} << 31),
+                  "capacity must be positive and owners x (capacity + 1) an int32");
+  BYTESPLAT_CHECK(capacity >= (parts.rows + owners - 1) / owners || residual_out.has_value(),
+                  "a capacity below an owner's row count needs residual_out for the rows that do not fit");
+  check_header_fits(parts.values, half);
   for (const auto* residual : {&residual_in, &residual_out}) {
     if (residual->has_value()) {
       BYTESPLAT_CHECK_INPUT(residual->value(), at::kFloat);
@@ -41,17 +52,24 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
     }
   }
   const auto dtype = half ? at::kHalf : at::kFloat;
-  at::Tensor buffer = at::empty({capacity + 1, row_slots(half) + parts.values}, grads[0].options().dtype(dtype));
+  const int64_t width = row_slots(half) + parts.values;
+  at::Tensor buffer = at::empty({owners, capacity + 1, width}, grads[0].options().dtype(dtype));
+  at::Tensor headers = at::zeros({owners, kHeaderInts}, grads[0].options().dtype(at::kInt));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(buffer.data_ptr(), 0, 2 * sizeof(int32_t), stream));
   const PackParams p{parts,
                      residual_in.has_value() ? residual_in->data_ptr<float>() : nullptr,
                      residual_out.has_value() ? residual_out->data_ptr<float>() : nullptr,
                      buffer.data_ptr(),
+                     headers.data_ptr<int>(),
                      half,
                      static_cast<int>(capacity),
+                     static_cast<int>(owners),
                      static_cast<int>(note)};
   BYTESPLAT_CHECK_CUDA_STATUS(launch_pack_rows(p, stream));
+  const int64_t owner_bytes = (capacity + 1) * width * buffer.element_size();
+  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(buffer.data_ptr(), owner_bytes, headers.data_ptr(),
+                                                kHeaderInts * sizeof(int32_t), kHeaderInts * sizeof(int32_t), owners,
+                                                cudaMemcpyDeviceToDevice, stream));
   return buffer;
 }
 
@@ -64,6 +82,7 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   BYTESPLAT_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, "gathered must be [ranks, capacity + 1, slots + D]");
   const int64_t ranks = gathered.size(0), width = row_slots(half) + parts.values;
   check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
+  check_header_fits(parts.values, half);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   for (const at::Tensor& g : grads) {
     BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
@@ -74,9 +93,10 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
     const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale)};
     BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
   }
-  at::Tensor headers = at::empty({ranks, 2}, gathered.options().dtype(at::kInt));
-  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(headers.data_ptr(), 2 * sizeof(int32_t), base, rank_bytes,
-                                                2 * sizeof(int32_t), ranks, cudaMemcpyDeviceToDevice, stream));
+  at::Tensor headers = at::empty({ranks, kHeaderInts}, gathered.options().dtype(at::kInt));
+  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(headers.data_ptr(), kHeaderInts * sizeof(int32_t), base, rank_bytes,
+                                                kHeaderInts * sizeof(int32_t), ranks, cudaMemcpyDeviceToDevice,
+                                                stream));
   return headers;
 }
 

@@ -9,7 +9,7 @@
 namespace bytesplat {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kMaxOwners;
 constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
 
@@ -90,17 +90,18 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
   using Buf = RowBuffer<kHalf>;
   const WarpRows w;
   const int lane = w.lane, d = p.grads.values;
-  int* header = static_cast<int*>(p.buffer);  // [0] the row count (atomic), [1] the note
-  if (blockIdx.x == 0 && threadIdx.x == 0) header[1] = p.note;
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.owners) p.headers[threadIdx.x * kHeaderInts + 1] = p.note;
   for (int64_t row = w.first; row < p.grads.rows; row += w.stride) {
     bool touched = false;
     for (int col = lane; col < d; col += 32) touched |= packed_value(p, row, col) != 0.f;
     touched = __any_sync(kAllLanes, touched);
+    const int owner = static_cast<int>(row % p.owners);
     int slot = 0;
-    if (touched && lane == 0) slot = atomicAdd(header, 1);
+    if (touched && lane == 0) slot = atomicAdd(p.headers + owner * kHeaderInts, 1);
     slot = __shfl_sync(kAllLanes, slot, 0);
     const bool sent = touched && slot < p.capacity;
-    typename Buf::Value* out = sent ? Buf::row(p.buffer, 1 + static_cast<int64_t>(slot), d) : nullptr;
+    const int64_t at = static_cast<int64_t>(owner) * (p.capacity + 1) + 1 + slot;  // in the [owners * (capacity + 1)] rows
+    typename Buf::Value* out = sent ? Buf::row(p.buffer, at, d) : nullptr;
     if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row));
     for (int col = lane; col < d; col += 32) {
       const float v = packed_value(p, row, col);

@@ -1,18 +1,22 @@
 // Rows of the compacted gradient exchange (grad_compaction.py), packed and unpacked in one launch each.
 //
 // A gradient row is a splat's values of every parameter side by side: up to kMaxParts gradients [N, width_p],
-// D = sum of the widths. The buffer a rank sends is [capacity + 1, slots + D] of float32 (slots = 1) or float16
-// (slots = 2): row 0 is the header, an int32 row count (every touched row, sent or not) in the first slots and
-// an int32 note in the next; then one row per sent splat, its index as an int32 in the first slots (two
-// halves, low first, for float16) and its D values.
+// D = sum of the widths. A buffer is [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2):
+// row 0 is the header, kHeaderInts int32s (the row count: every touched row, sent or not; a note; a third value
+// the caller may set, zero here), each in `slots` slots; then one row per sent splat, its index as an int32 in
+// the first slots (two halves, low first, for float16) and its D values.
 //
-// pack:   every row with a non-zero value (a pending residual added in) takes a slot from an atomic counter;
-//         slots below the capacity go into the buffer (in no particular order), the rest into residual_out,
-//         which gets zeros for every other row. No host sync.
+// pack:   the rows split among `owners` buffers [owners, capacity + 1, slots + D], row i going to buffer
+//         i mod owners (owners = 1: one buffer for an all-gather; owners = W: one per rank for an all-to-all).
+//         Every row with a non-zero value (a pending residual added in) takes a slot of its buffer from an atomic
+//         counter; slots below the capacity are filled (in no particular order), the other rows go into
+//         residual_out, which gets zeros for every other row. The headers are counted in a small int32 array
+//         and copied into the buffers' header rows after the launch (a float16 row may start on a 2-byte
+//         boundary). No host sync.
 // unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in. A row appears once per
 //         buffer, so no two threads add to the same value; ranks are unpacked one launch after another, in rank
 //         order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
-//         small [ranks, 2] tensor (one strided copy, no kernel).
+//         small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,6 +26,8 @@
 namespace bytesplat {
 
 constexpr int kMaxParts = 8;
+constexpr int kHeaderInts = 3;
+constexpr int kMaxOwners = 256;  // the pack kernel's first block writes every owner's note
 
 struct RowParts {
   float* ptr[kMaxParts];  // [N, width[p]] each, contiguous
@@ -36,9 +42,11 @@ struct PackParams {
   const float* residual_in;   // [N, D] added to the rows, or nullptr
   float* residual_out;        // [N, D] rows past the capacity (zeros elsewhere), or nullptr; may be residual_in
                               // (each value is read, then written, by the same lane)
-  void* buffer;               // [capacity + 1, slots + D]; its header row zeroed before the launch
+  void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
+  int* headers;               // [owners, kHeaderInts] zeroed before the launch: counts (atomic) and notes
   bool half;
   int capacity;
+  int owners;
   int note;
 };
 
@@ -60,14 +68,14 @@ cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream);
 
 namespace bytesplat {
 
-// -> buffer [capacity + 1, slots + D] (float32, or float16 with `half`).
+// -> buffers [owners, capacity + 1, slots + D] (float32, or float16 with `half`).
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads,          // each [N, ...] float32
                      const c10::optional<at::Tensor>& residual_in,  // [N, D] float32
                      const c10::optional<at::Tensor>& residual_out,  // [N, D] float32, written
-                     int64_t capacity, int64_t note, bool half);
+                     int64_t capacity, int64_t note, bool half, int64_t owners);
 
 // grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
-// order. -> the ranks' headers [ranks, 2] int32 (row count, note).
+// order. -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note, third value).
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
                        double scale);
 
