@@ -19,12 +19,13 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
 
 From `all_to_all_from` ranks on, the rows are routed to owners first: row i belongs to rank i mod W. Each rank
 packs its touched rows into W buffers, one per owner (one kernel launch), one all_to_all_single delivers them, and
-each owner adds what it received, in rank order, into its sums (fp32); then steps 1-3 run on those sums: each
-owner all-gathers the rows of its slice that any rank touched, and every rank writes them, scaled by 1/world, into
-its gradients (each row comes from one owner, so again the same bits everywhere). Two rounds instead of one, but
-a rank sends its touched rows once (spread over the owners) and each owner its slice of their union once, where
-the all-gather sends every rank's rows to each of the W - 1 others. The owners' header rows carry the largest
-count they received in the third value, so the capacities of both rounds come from the gathered headers.
+each owner adds what it received, in rank order, into the sums of its slice (fp32, [N / W, D]: row j stands for row
+j W + rank); then steps 1-3 run on those sums: each owner all-gathers the rows of its slice that any rank touched,
+named by their row in the whole, and every rank writes them, scaled by 1/world, into its gradients (each row comes
+from one owner, so again the same bits everywhere). Two rounds instead of one, but a rank sends its touched rows
+once (spread over the owners) and each owner its slice of their union once, where the all-gather sends every rank's
+rows to each of the W - 1 others. The owners' header rows carry the largest count they received in the third
+value, so the capacities of both rounds come from the gathered headers.
 
 The capacities are the same on every rank (they come from the gathered counts): the largest count of the last
 `window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W rounded up for an owner's),
@@ -42,9 +43,12 @@ follows from the capacities, so every rank makes it alike; `ExchangeStats.dense`
 
 Which plan sends fewer bytes was measured on a 2M-splat scene's gradient rows for 2, 3, 4 and 8 ranks
 (benchmarks/exchange_plans.py, benchmarks/RESULTS.md): with 2 ranks the all-gather sends 13-20% fewer bytes than
-the routed plan (whose second round carries the union of both views); from 4 ranks on the routed plan sends fewer
-(by 3-34% of the dense all-reduce's bytes at 4 ranks, 20-128% at 8), and where views overlap the all-gather alone
-can exceed the dense all-reduce.
+the routed plan (whose second round carries the union of both views); with 3 the two tie where views barely overlap
+(a room seen from inside) and the routed plan sends 12% of the dense all-reduce's bytes fewer where they overlap (an
+object seen from around it); from 4 ranks on the routed plan sends fewer in both (by 3-34% of the dense all-reduce's
+bytes at 4 ranks, 20-128% at 8), and where views overlap the all-gather alone can exceed the dense all-reduce. The
+routed plan also sums on the owners: on one GPU, with one rank, its exchange of one 2M-splat view took 1.8-1.9x the
+all-gather's time (there the slice is every row). Hence routing from 4 ranks by default.
 
 Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
@@ -123,9 +127,10 @@ class SparseRowExchange:
     """[N, D] the rows this rank's earlier exchanges could not send (zeros once sent); made when a capacity first
     falls below what its buffer could need, dropped when densification changes N."""
     _held: Tensor | None = None
-    """[N, D] with owners: the sums of this rank's slice its all-gather could not send (likewise)."""
+    """[ceil(N / W), D] with owners: the sums of this rank's slice its all-gather could not send (likewise); row j
+    of a slice is row j W + rank of the whole."""
     _sums: Tensor | None = None
-    """[N, D] with owners: this rank's sums of the routed rows (its slice; zeros elsewhere)."""
+    """[ceil(N / W), D] with owners: this rank's sums of the rows routed to it, its slice."""
     _note: Tensor | None = None
     """[1] int32 on the gradients' device: this exchange's note, written into the header on the device."""
     _round: tuple = ([], 0)
@@ -180,9 +185,9 @@ class SparseRowExchange:
         if self._residual is None and (self.route_capacity if self._routed else self.capacity) < limit:
             self._residual = torch.zeros(num_rows, width, device=device)
         if self._routed and self._held is None and self.capacity < limit:
-            self._held = torch.zeros(num_rows, width, device=device)
+            self._held = torch.zeros(limit, width, device=device)
         if self._routed and self._sums is None:
-            self._sums = torch.empty(num_rows, width, device=device)
+            self._sums = torch.empty(limit, width, device=device)
         if self._note is None or self._note.device != device:
             self._note = torch.zeros(1, dtype=torch.int32, device=device)
         self._note.fill_(note)
@@ -205,14 +210,14 @@ class SparseRowExchange:
             self._gathered_headers = self._all_reduce(grads, world)
             laps.lap("all-reduce")
             return
-        source, residual, largest_received = grads, self._residual, None
-        if self._routed:
+        if self._routed:  # the sums of this rank's slice, row j for row j W + rank
             largest_received = self._route(grads, world)
-            source, residual = [self._sums], self._held
             laps.lap("route")
-        buffer = self._pack(source, self.capacity, residual, owners=1)  # [1, capacity + 1, slots + D]
-        if largest_received is not None:
+            rank = dist.get_rank(self.group)
+            buffer = self._pack([self._sums], self.capacity, self._held, index_scale=world, index_offset=rank)
             self._header_ints(buffer)[2:].copy_(largest_received)
+        else:
+            buffer = self._pack(grads, self.capacity, self._residual)  # [1, capacity + 1, slots + D]
         laps.lap("pack")
         gathered = buffer.new_empty(world, *buffer.shape[1:])  # [W, capacity + 1, slots + D]
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
@@ -259,7 +264,7 @@ class SparseRowExchange:
         routed = self._pack(grads, self.route_capacity, self._residual, owners=world)  # [W, route_capacity + 1, ...]
         received = torch.empty_like(routed)
         dist.all_to_all_single(received, routed, group=self.group)
-        headers = self._unpack([self._sums], received, self.route_capacity, 1.0)
+        headers = self._unpack([self._sums], received, self.route_capacity, 1.0, index_divisor=world)
         return headers[:, 0].max().view(1)
 
     def _all_reduce(self, grads: list[Tensor], world: int) -> Tensor:
@@ -271,13 +276,17 @@ class SparseRowExchange:
         flat = grads[0].new_empty(num_rows * width + HEADER_INTS * world)
         rows = flat[: num_rows * width].view(num_rows, width)
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=rows)
-        for pending in (self._residual, self._held):
-            if pending is not None:
-                rows.add_(pending)
-                pending.zero_()
+        rank = dist.get_rank(self.group)
+        if self._residual is not None:
+            rows.add_(self._residual)
+            self._residual.zero_()
+        if self._held is not None:  # this rank's slice: rows rank, rank + W, ...
+            slice_rows = rows[rank::world]
+            slice_rows.add_(self._held[: len(slice_rows)])
+            self._held.zero_()
         headers = flat[num_rows * width :].view(world, HEADER_INTS)
         headers.zero_()
-        mine = headers[dist.get_rank(self.group)]
+        mine = headers[rank]
         touched = rows.ne(0).any(dim=1)  # [N]; float32 holds the counts exactly up to 2^24 rows
         if self._routed:
             mine[2] = _owner_counts(touched, world).max()
@@ -296,19 +305,23 @@ class SparseRowExchange:
         """The first header row of `buffer` [owners, capacity + 1, slots + D] as its int32 [3]."""
         return buffer[0, 0, : HEADER_INTS * _slots(buffer.dtype)].view(torch.int32)
 
-    def _pack(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int) -> Tensor:
+    def _pack(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int = 1,
+              index_scale: int = 1, index_offset: int = 0) -> Tensor:  # fmt: skip
         """-> buffers [owners, capacity + 1, slots + D] of the touched rows of `grads` (a pending `residual` added in;
-        the rows that did not fit stay there), row i in buffer i mod owners, this exchange's note in each header."""
+        the rows that did not fit stay there), row i in buffer i mod owners and named i * index_scale +
+        index_offset, this exchange's note in each header."""
         if self.kernels and grads[0].is_cuda:  # one launch; rows in no particular order
-            buffer = ops.pack_rows(grads, capacity, 0, self.half, residual, residual, owners)
+            buffer = ops.pack_rows(grads, capacity, 0, self.half, residual, residual, owners, index_scale, index_offset)
         else:
-            buffer = self._pack_torch(grads, capacity, residual, owners)
+            buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset)
         slots = _slots(buffer.dtype)
         buffer[:, 0, slots : 2 * slots] = self._note.view(buffer.dtype)
         return buffer
 
-    def _pack_torch(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int) -> Tensor:
-        """`_pack` from torch operations (any device): rows in row order, padding rows point at row N."""
+    def _pack_torch(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int,
+                    index_scale: int, index_offset: int) -> Tensor:  # fmt: skip
+        """`_pack` from torch operations (any device): rows in row order; padding rows hold zeros (named as the
+        last row: adding them changes nothing)."""
         num_rows = grads[0].shape[0]
         width = sum(g[0].numel() for g in grads)
         flat = grads[0].new_empty(num_rows + 1, width)  # [N + 1, D]; row N stays zero (padding reads it)
@@ -327,27 +340,29 @@ class SparseRowExchange:
             mine = touched & (owner == o) if owners > 1 else touched  # [N]
             rows = torch.nonzero_static(mine, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
             buffer[o, 0, :slots] = mine.sum(dtype=torch.int32).view(1).view(dtype)
-            buffer[o, 1:, :slots] = rows.int().view(dtype).view(capacity, slots)
+            names = rows.clamp(max=max(num_rows - 1, 0)) * index_scale + index_offset  # [capacity]
+            buffer[o, 1:, :slots] = names.int().view(dtype).view(capacity, slots)
             buffer[o, 1:, slots:] = flat.index_select(0, rows)
             sent.append(rows)
         if residual is not None:  # rows that did not fit wait here, added to the next gradient
             residual.copy_(flat.index_fill_(0, torch.cat(sent), 0)[:num_rows])
         return buffer
 
-    def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float) -> Tensor:
-        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D], added in rank order into
-        zeros (the same bits on every rank). -> the headers [W, 3] int32."""
+    def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float,
+                index_divisor: int = 1) -> Tensor:  # fmt: skip
+        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D], row i added at i //
+        index_divisor, in rank order into zeros (the same bits on every rank). -> the headers [W, 3] int32."""
         if self.kernels and grads[0].is_cuda:  # one call
-            return ops.unpack_rows(grads, gathered, capacity, scale)
+            return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
         slots = _slots(gathered.dtype)
         dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]
         for rank in range(gathered.shape[0]):
-            rows = gathered[rank, 1:, :slots].contiguous().view(torch.int32).view(-1)  # [capacity]
+            rows = gathered[rank, 1:, :slots].clone().view(torch.int32).view(-1) // index_divisor  # [capacity]
             dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=scale)
         for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
             grad.copy_(part.reshape(grad.shape))
-        return gathered[:, 0, : HEADER_INTS * slots].contiguous().view(torch.int32)
+        return gathered[:, 0, : HEADER_INTS * slots].clone().view(torch.int32)
 
     def _read_late_headers(self, world: int) -> tuple[list[int], int]:
         """The notes of the exchange `lag` exchanges back, and whether it overflowed (0 or 1); its counts go into

@@ -42,7 +42,7 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     """From this many GPUs on, the compacted exchange routes each gradient row to an owner GPU (an all-to-all), which
     sums what it gets and all-gathers the sums; with fewer, every GPU's rows are all-gathered. Chosen by the bytes
     each plan sends on real gradients (benchmarks/exchange_plans.py): the all-gather sends fewer with 2 GPUs, the
-    routed plan from 4."""
+    two about the same with 3 unless views overlap much, the routed plan fewer from 4 (grad_compaction.py)."""
 
 
 class ByteSplatPipeline(VanillaPipeline):

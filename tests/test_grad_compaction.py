@@ -70,17 +70,20 @@ class _ReplayedExchange:
 def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_from: int, backend: str = "gloo",
             graph: bool = False) -> None:  # fmt: skip
     """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels (with
-    `graph`, their device part replayed from a CUDA graph). Rows routed to owners from `route_from` ranks on."""
+    `graph`, their device part replayed from a CUDA graph); gloo-cuda: every rank on GPU 0 (gloo moves the buffers
+    through the host), the exchange kernels. Rows routed to owners from `route_from` ranks on."""
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    elif backend == "gloo-cuda":
+        device = torch.device("cuda", 0)
+    dist.init_process_group(backend[:4], init_method=f"file://{init_file}", rank=rank, world_size=world)
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     routed = world >= route_from
     limit = -(-ROWS // world) if routed else ROWS  # the most rows one buffer can need
     try:
-        exchange = SparseRowExchange(half=half, lag=lag, kernels=backend == "nccl", all_to_all_from=route_from)
+        exchange = SparseRowExchange(half=half, lag=lag, kernels=device.type == "cuda", all_to_all_from=route_from)
         replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES])
         plain_exchange = DenseExchange(lag=lag)
         sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
@@ -163,6 +166,14 @@ def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half,
     mp.spawn(_worker, args=args, nprocs=world, join=True)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("world, route_from, half", [(2, 2, False), (3, 3, False), (3, 3, True), (3, 99, False)])
+def test_exchange_kernels_with_ranks_sharing_one_gpu(tmp_path, world, route_from, half):
+    """The exchange kernels with 2 and 3 ranks (over gloo, on one GPU): rows routed to owners, whose slices name
+    row j as row j W + rank, or all-gathered; against the dense all-reduce."""
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 1, route_from, "gloo-cuda"), nprocs=world, join=True)
+
+
 @pytest.mark.parametrize(
     "world, cameras", [(w, c) for w in (1, 2, 3, 4) for c in (1, 2, 3, 7, 100, 101) if c >= w]
 )  # fewer cameras than ranks is refused by the datamanager
@@ -207,9 +218,9 @@ def test_pack_unpack_kernels_match_torch(half, capacity, owners):
         kept = torch.zeros_like(flat)
         touched = flat.ne(0).any(1)
         for owner in range(owners):
-            count, note, third = buffer[owner, 0, : 3 * slots].contiguous().view(torch.int32).tolist()
+            count, note, third = buffer[owner, 0, : 3 * slots].clone().view(torch.int32).tolist()
             assert (count, note, third) == (int(touched[owner::owners].sum()), 10 + rank, 0)
-            rows = buffer[owner, 1 : 1 + min(count, capacity), :slots].contiguous().view(torch.int32).view(-1).long()
+            rows = buffer[owner, 1 : 1 + min(count, capacity), :slots].clone().view(torch.int32).view(-1).long()
             assert len(set(rows.tolist())) == len(rows) and bool((rows % owners == owner).all())  # each row once
             values = buffer[owner, 1 : 1 + len(rows), slots:].float()
             assert float((values - flat[rows]).norm() / flat[rows].norm()) <= tolerance

@@ -352,11 +352,13 @@ def pack_rows(
     residual_in: Tensor | None = None,  # [N, D] added to the rows
     residual_out: Tensor | None = None,  # [N, D] written: rows past the capacity, zeros elsewhere
     owners: int = 1,
+    index_scale: int = 1,
+    index_offset: int = 0,
 ) -> Tensor:
     """The compacted exchange's buffers [owners, capacity + 1, slots + D] (csrc/sparse_rows.h), row i in buffer
     i mod owners: a header row (row count, note, 0), then the rows with a non-zero value, in no particular order,
-    each its int32 index then its values."""
-    return ext().pack_rows(grads, residual_in, residual_out, capacity, note, half, owners)
+    each its int32 index (i * index_scale + index_offset) then its values."""
+    return ext().pack_rows(grads, residual_in, residual_out, capacity, note, half, owners, index_scale, index_offset)
 
 
 def unpack_rows(
@@ -364,10 +366,12 @@ def unpack_rows(
     gathered: Tensor,  # [W, capacity + 1, slots + D]: every rank's buffer from pack_rows
     capacity: int,
     scale: float,
+    index_divisor: int = 1,
 ) -> Tensor:
-    """grads = scale * the sum of every rank's rows, added in rank order (bitwise the same on every rank), in one
-    call. -> the ranks' header rows [W, 3] int32 (row count, note, third value)."""
-    return ext().unpack_rows(grads, gathered, capacity, scale)
+    """grads = scale * the sum of every rank's rows, each added at row index // index_divisor, in rank order
+    (bitwise the same on every rank), in one call. -> the ranks' header rows [W, 3] int32 (row count, note, third
+    value)."""
+    return ext().unpack_rows(grads, gathered, capacity, scale, index_divisor)
 
 
 def ssim(

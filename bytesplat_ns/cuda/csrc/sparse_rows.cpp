@@ -1,6 +1,8 @@
 // Host side of the exchange's row packing: checks, allocation, launches on the current stream.
 #include "sparse_rows.h"
 
+#include <algorithm>
+
 namespace bytesplat {
 namespace {
 
@@ -36,7 +38,7 @@ void check_header_fits(int64_t values, bool half) {
 
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual_in,
                      const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half,
-                     int64_t owners) {
+                     int64_t owners, int64_t index_scale, int64_t index_offset) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   BYTESPLAT_CHECK(owners >= 1 && owners <= kMaxOwners, "owners must be between 1 and ", kMaxOwners, ", got ", owners);
@@ -45,6 +47,9 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   BYTESPLAT_CHECK(capacity >= (parts.rows + owners - 1) / owners || residual_out.has_value(),
                   "a capacity below an owner's row count needs residual_out for the rows that do not fit");
   check_header_fits(parts.values, half);
+  BYTESPLAT_CHECK(index_scale >= 1 && index_offset >= 0 &&
+                      std::max<int64_t>(parts.rows - 1, 0) * index_scale + index_offset < (int64_t{1} << 31),
+                  "the written row indices must be int32: index_scale >= 1, index_offset >= 0");
   for (const auto* residual : {&residual_in, &residual_out}) {
     if (residual->has_value()) {
       BYTESPLAT_CHECK_INPUT(residual->value(), at::kFloat);
@@ -64,7 +69,9 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
                      half,
                      static_cast<int>(capacity),
                      static_cast<int>(owners),
-                     static_cast<int>(note)};
+                     static_cast<int>(note),
+                     static_cast<int>(index_scale),
+                     static_cast<int>(index_offset)};
   BYTESPLAT_CHECK_CUDA_STATUS(launch_pack_rows(p, stream));
   const int64_t owner_bytes = (capacity + 1) * width * buffer.element_size();
   BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(buffer.data_ptr(), owner_bytes, headers.data_ptr(),
@@ -74,7 +81,7 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
 }
 
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale) {
+                       double scale, int64_t index_divisor) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   const bool half = gathered.scalar_type() == at::kHalf;
@@ -83,6 +90,7 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   const int64_t ranks = gathered.size(0), width = row_slots(half) + parts.values;
   check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
   check_header_fits(parts.values, half);
+  BYTESPLAT_CHECK(index_divisor >= 1 && index_divisor < (int64_t{1} << 31), "index_divisor must be a positive int32");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   for (const at::Tensor& g : grads) {
     BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
@@ -90,7 +98,8 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   const int64_t rank_bytes = (capacity + 1) * width * gathered.element_size();
   const char* base = static_cast<const char*>(gathered.data_ptr());
   for (int64_t r = 0; r < ranks; ++r) {  // in rank order: the same sums on every rank
-    const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale)};
+    const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale),
+                         static_cast<int>(index_divisor)};
     BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
   }
   at::Tensor headers = at::empty({ranks, kHeaderInts}, gathered.options().dtype(at::kInt));

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
     const bool sent = touched && slot < p.capacity;
     const int64_t at = static_cast<int64_t>(owner) * (p.capacity + 1) + 1 + slot;  // in the [owners * (capacity + 1)] rows
     typename Buf::Value* out = sent ? Buf::row(p.buffer, at, d) : nullptr;
-    if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row));
+    if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row * p.index_scale + p.index_offset));
     for (int col = lane; col < d; col += 32) {
       const float v = packed_value(p, row, col);
       if (sent) out[Buf::kSlots + col] = Buf::encode(v);
@@ -121,8 +121,9 @@ __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) 
   const int count = min(Buf::get_index(Buf::row(p.buffer, 0, d)), p.capacity);
   for (int64_t i = w.first; i < count; i += w.stride) {
     const typename Buf::Value* in = Buf::row(p.buffer, 1 + i, d);
-    const int64_t row = Buf::get_index(in);
-    if (row < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
+    const int64_t index = Buf::get_index(in);
+    const int64_t row = index / p.index_divisor;
+    if (index < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
     for (int col = w.lane; col < d; col += 32) {
       *value_ptr(p.grads, row, col) += p.scale * Buf::decode(in[Buf::kSlots + col]);
     }

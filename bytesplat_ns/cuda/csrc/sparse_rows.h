@@ -7,13 +7,16 @@
 // the first slots (two halves, low first, for float16) and its D values.
 //
 // pack:   the rows split among `owners` buffers [owners, capacity + 1, slots + D], row i going to buffer
-//         i mod owners (owners = 1: one buffer for an all-gather; owners = W: one per rank for an all-to-all).
+//         i mod owners (owners = 1: one buffer for an all-gather; owners = W: one per rank for an all-to-all),
+//         its index written as i * index_scale + index_offset (an owner's slice of the rows, row j standing for
+//         row j * W + rank of the whole).
 //         Every row with a non-zero value (a pending residual added in) takes a slot of its buffer from an atomic
 //         counter; slots below the capacity are filled (in no particular order), the other rows go into
 //         residual_out, which gets zeros for every other row. The headers are counted in a small int32 array
 //         and copied into the buffers' header rows after the launch (a float16 row may start on a 2-byte
 //         boundary). No host sync.
-// unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in. A row appears once per
+// unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
+//         into an owner's slice, index_divisor = W). A row appears once per
 //         buffer, so no two threads add to the same value; ranks are unpacked one launch after another, in rank
 //         order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
 //         small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
@@ -48,6 +51,8 @@ struct PackParams {
   int capacity;
   int owners;
   int note;
+  int index_scale;
+  int index_offset;
 };
 
 struct UnpackParams {
@@ -56,6 +61,7 @@ struct UnpackParams {
   bool half;
   int capacity;
   float scale;
+  int index_divisor;
 };
 
 cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream);
@@ -72,12 +78,13 @@ namespace bytesplat {
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads,          // each [N, ...] float32
                      const c10::optional<at::Tensor>& residual_in,  // [N, D] float32
                      const c10::optional<at::Tensor>& residual_out,  // [N, D] float32, written
-                     int64_t capacity, int64_t note, bool half, int64_t owners);
+                     int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
+                     int64_t index_offset);
 
 // grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
 // order. -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note, third value).
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale);
+                       double scale, int64_t index_divisor);
 
 }  // namespace bytesplat
 #endif
