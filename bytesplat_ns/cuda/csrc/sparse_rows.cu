@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
     if (touched && lane == 0) slot = atomicAdd(p.headers + owner * kHeaderInts, 1);
     slot = __shfl_sync(kAllLanes, slot, 0);
     const bool sent = touched && slot < p.capacity;
-    const int64_t at = static_cast<int64_t>(owner) * (p.capacity + 1) + 1 + slot;  // in the [owners * (capacity + 1)] rows
+    const int64_t at = static_cast<int64_t>(owner) * (p.capacity + 1) + 1 + slot;  // of owners x (capacity + 1) rows
     typename Buf::Value* out = sent ? Buf::row(p.buffer, at, d) : nullptr;
     if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row * p.index_scale + p.index_offset));
     for (int col = lane; col < d; col += 32) {
