@@ -7,11 +7,12 @@ counts, per step, what each plan makes every rank send. NCCL's collectives move 
 buffers are padded to the step's largest (the least any sync-free version of the plan could send: it needs a
 capacity at least that large; bytesplat's exchange sends its capacity, set from earlier steps' counts):
 - dense: a ring all-reduce of the whole [N, 59] float32 gradient, 2 (W - 1) / W of it;
-- all-gather (bytesplat's plan, grad_compaction.py): every rank's touched rows (index + 59 values) to the W - 1
-  others;
-- all-to-all: row i belongs to rank i mod W; each rank sends each other rank its touched rows that rank owns
-  (all_to_all), each owner sums what it got, then sends the sums of its touched-anywhere rows to the W - 1 others
-  (all-gather; every rank needs the whole mean to keep its splats identical): two rounds.
+- all-gather (bytesplat's plan below --pipeline.exchange-all-to-all-from ranks, grad_compaction.py): every rank's
+  touched rows (index + 59 values) to the W - 1 others;
+- all-to-all (bytesplat's routed plan from that many ranks): row i belongs to rank i mod W; each rank sends each
+  other rank its touched rows that rank owns (all_to_all), each owner sums what it got, then sends the sums of its
+  touched-anywhere rows to the W - 1 others (all-gather; every rank needs the whole mean to keep its splats
+  identical): two rounds.
 Scenes: `room` (the multi_gpu.py room: cameras inside, each view sees a part) and `object` (the same splats seen
 from outside, cameras on a sphere looking at the centre, as lego's views: they overlap). This measures bytes; time
 on NVLink needs the two-GPU machine (multi_gpu.py). What it times is bytesplat's exchange of one view's gradients
