@@ -332,12 +332,12 @@ class SparseRowExchange:
         dtype = self._value_dtype()
         slots = _slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
-        owner = torch.arange(num_rows, device=flat.device) % owners  # [N]
+        owner = torch.arange(num_rows, device=flat.device) % owners if owners > 1 else None  # [N]
         buffer = flat.new_empty(owners, capacity + 1, slots + width, dtype=dtype)
         buffer[:, 0].zero_()
         sent = []
         for o in range(owners):
-            mine = touched & (owner == o) if owners > 1 else touched  # [N]
+            mine = touched & (owner == o) if owner is not None else touched  # [N]
             rows = torch.nonzero_static(mine, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
             buffer[o, 0, :slots] = mine.sum(dtype=torch.int32).view(1).view(dtype)
             names = rows.clamp(max=max(num_rows - 1, 0)) * index_scale + index_offset  # [capacity]
