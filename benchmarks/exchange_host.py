@@ -101,15 +101,16 @@ def _rank(rank: int, world: int, init: str, result: str) -> None:
         kernels.average([g.clone() for g in original])
         plain.average([g.clone() for g in original])
     capacity = kernels.capacity
-    residual = original[0].new_empty(SPLATS, sum(math.prod(shape) for shape in SHAPES.values()))
-    buffer = ops.pack_rows(grads, capacity, 0, False, None, residual)
+    residual = original[0].new_zeros(SPLATS, sum(math.prod(shape) for shape in SHAPES.values()))
+    held = torch.zeros(1, dtype=torch.int32, device=residual.device)  # rows the residual holds
+    buffer = ops.pack_rows(grads, capacity, 0, False, residual, held)
     gathered = buffer.new_empty(world, *buffer.shape[1:])  # [W, capacity + 1, 1 + D]
     group = dist.distributed_c10d._get_default_group()
     late, headers = LateQueue(lag=4), gathered[:, 0, :3].contiguous().view(torch.int32)
     parts = {
         "exchange (kernels)": lambda: kernels.average(grads),
         "exchange (torch ops)": lambda: plain.average(grads),
-        "pack kernel": lambda: ops.pack_rows(grads, capacity, 0, False, None, residual),
+        "pack kernel": lambda: ops.pack_rows(grads, capacity, 0, False, residual, held),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(gathered, buffer),
         "group._allgather_base": lambda: group._allgather_base(gathered, buffer).wait(),
         "unpack (zero, W ranks)": lambda: ops.unpack_rows(grads, gathered, capacity, 0.5),

@@ -34,7 +34,8 @@ rows than a buffer's capacity (its view saw far more than the recent ones) sends
 rest as a residual, added to its next gradient: sent a step late, not lost, and the capacity grows once that
 exchange's counts are read (`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit.
 A residual pending when densification changes the splat count is dropped (its row indices no longer mean
-anything).
+anything). The pack kernel reads and clears the residual only while it holds rows (a count on the device,
+`HeldRows`), so the usual step, whose rows all fit, makes no pass over it.
 
 When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (so at
 capacities near N, which is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is
@@ -96,6 +97,25 @@ HEADER_INTS = 3
 
 
 @dataclass
+class HeldRows:
+    """Gradient rows a pack could not send (past its capacity), added to the next pack's rows."""
+
+    values: Tensor
+    """[rows, D] the held rows' values, zeros elsewhere."""
+    count: Tensor
+    """[1] int32 on the values' device: how many rows are held. The pack kernel reads `values` only when it is
+    not 0, so holding nothing (every step whose rows fit) costs no pass over them."""
+
+    @staticmethod
+    def none(rows: int, width: int, device: torch.device) -> HeldRows:
+        return HeldRows(torch.zeros(rows, width, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+
+    def clear(self) -> None:
+        self.values.zero_()
+        self.count.zero_()
+
+
+@dataclass
 class SparseRowExchange:
     """The compacted gradient exchange of one training run (it keeps the capacities and last headers)."""
 
@@ -123,10 +143,10 @@ class SparseRowExchange:
     """The all-to-all's largest count of recent exchanges, over the rows an owner has."""
     _headers: LateQueue | None = None
     """Each exchange's gathered headers [W, 3], tagged with (rows a buffer could need, capacity, route capacity)."""
-    _residual: Tensor | None = None
-    """[N, D] the rows this rank's earlier exchanges could not send (zeros once sent); made when a capacity first
-    falls below what its buffer could need, dropped when densification changes N."""
-    _held: Tensor | None = None
+    _residual: HeldRows | None = None
+    """[N, D] the rows this rank's earlier exchanges could not send; made when a capacity first falls below what
+    its buffer could need, dropped when densification changes N."""
+    _held: HeldRows | None = None
     """[ceil(N / W), D] with owners: the sums of this rank's slice its all-gather could not send (likewise); row j
     of a slice is row j W + rank of the whole."""
     _sums: Tensor | None = None
@@ -183,9 +203,9 @@ class SparseRowExchange:
         self.route_capacity = self._next_capacity(self._route_fractions, limit) if self._routed else 0
         device = like[0].device
         if self._residual is None and (self.route_capacity if self._routed else self.capacity) < limit:
-            self._residual = torch.zeros(num_rows, width, device=device)
+            self._residual = HeldRows.none(num_rows, width, device)
         if self._routed and self._held is None and self.capacity < limit:
-            self._held = torch.zeros(limit, width, device=device)
+            self._held = HeldRows.none(limit, width, device)
         if self._routed and self._sums is None:
             self._sums = torch.empty(limit, width, device=device)
         if self._note is None or self._note.device != device:
@@ -196,8 +216,8 @@ class SparseRowExchange:
         self._dense = self._sent_bytes > _ring_all_reduce_bytes(world, num_rows * width)
         if self._dense:
             self._sent_bytes = _ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
-        buffers = (self._residual, self._held, self._sums)
-        addresses = tuple(t.data_ptr() if t is not None else None for t in buffers)
+        held = [h.values if h is not None else None for h in (self._residual, self._held)]
+        addresses = tuple(t.data_ptr() if t is not None else None for t in (*held, self._sums))
         return self.capacity, self.route_capacity, self._dense, addresses
 
     def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None) -> None:
@@ -278,12 +298,12 @@ class SparseRowExchange:
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=rows)
         rank = dist.get_rank(self.group)
         if self._residual is not None:
-            rows.add_(self._residual)
-            self._residual.zero_()
+            rows.add_(self._residual.values)
+            self._residual.clear()
         if self._held is not None:  # this rank's slice: rows rank, rank + W, ...
             slice_rows = rows[rank::world]
-            slice_rows.add_(self._held[: len(slice_rows)])
-            self._held.zero_()
+            slice_rows.add_(self._held.values[: len(slice_rows)])
+            self._held.clear()
         headers = flat[num_rows * width :].view(world, HEADER_INTS)
         headers.zero_()
         mine = headers[rank]
@@ -305,20 +325,21 @@ class SparseRowExchange:
         """The first header row of `buffer` [owners, capacity + 1, slots + D] as its int32 [3]."""
         return buffer[0, 0, : HEADER_INTS * _slots(buffer.dtype)].view(torch.int32)
 
-    def _pack(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int = 1,
+    def _pack(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int = 1,
               index_scale: int = 1, index_offset: int = 0) -> Tensor:  # fmt: skip
-        """-> buffers [owners, capacity + 1, slots + D] of the touched rows of `grads` (a pending `residual` added in;
-        the rows that did not fit stay there), row i in buffer i mod owners and named i * index_scale +
-        index_offset, this exchange's note in each header."""
+        """-> buffers [owners, capacity + 1, slots + D] of the touched rows of `grads` (the rows `residual` holds
+        added in; the rows that did not fit held there instead), row i in buffer i mod owners and named
+        i * index_scale + index_offset, this exchange's note in each header."""
         if self.kernels and grads[0].is_cuda:  # one launch; rows in no particular order
-            buffer = ops.pack_rows(grads, capacity, 0, self.half, residual, residual, owners, index_scale, index_offset)
+            values, count = (residual.values, residual.count) if residual is not None else (None, None)
+            buffer = ops.pack_rows(grads, capacity, 0, self.half, values, count, owners, index_scale, index_offset)
         else:
             buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset)
         slots = _slots(buffer.dtype)
         buffer[:, 0, slots : 2 * slots] = self._note.view(buffer.dtype)
         return buffer
 
-    def _pack_torch(self, grads: list[Tensor], capacity: int, residual: Tensor | None, owners: int,
+    def _pack_torch(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int,
                     index_scale: int, index_offset: int) -> Tensor:  # fmt: skip
         """`_pack` from torch operations (any device): rows in row order; padding rows hold zeros (named as the
         last row: adding them changes nothing)."""
@@ -328,24 +349,26 @@ class SparseRowExchange:
         torch.cat([g.reshape(num_rows, -1) for g in grads], dim=1, out=flat[:num_rows])
         flat[num_rows].zero_()
         if residual is not None:
-            flat[:num_rows].add_(residual)
+            flat[:num_rows].add_(residual.values)
         dtype = self._value_dtype()
         slots = _slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
         owner = torch.arange(num_rows, device=flat.device) % owners if owners > 1 else None  # [N]
         buffer = flat.new_empty(owners, capacity + 1, slots + width, dtype=dtype)
         buffer[:, 0].zero_()
-        sent = []
+        sent, counts = [], []
         for o in range(owners):
             mine = touched & (owner == o) if owner is not None else touched  # [N]
             rows = torch.nonzero_static(mine, size=capacity, fill_value=num_rows).squeeze(1)  # [capacity]
-            buffer[o, 0, :slots] = mine.sum(dtype=torch.int32).view(1).view(dtype)
+            counts.append(mine.sum(dtype=torch.int32).view(1))
+            buffer[o, 0, :slots] = counts[-1].view(dtype)
             names = rows.clamp(max=max(num_rows - 1, 0)) * index_scale + index_offset  # [capacity]
             buffer[o, 1:, :slots] = names.int().view(dtype).view(capacity, slots)
             buffer[o, 1:, slots:] = flat.index_select(0, rows)
             sent.append(rows)
         if residual is not None:  # rows that did not fit wait here, added to the next gradient
-            residual.copy_(flat.index_fill_(0, torch.cat(sent), 0)[:num_rows])
+            residual.values.copy_(flat.index_fill_(0, torch.cat(sent), 0)[:num_rows])
+            residual.count.copy_(torch.cat(counts).sub(capacity).clamp(min=0).sum(dtype=torch.int32).view(1))
         return buffer
 
     def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float,

@@ -201,36 +201,50 @@ def test_each_epoch_draws_a_new_order():
 @pytest.mark.parametrize("owners", [1, 3])
 def test_pack_unpack_kernels_match_torch(half, capacity, owners):
     """Two ranks' gradients packed by the kernel (row i into buffer i mod owners), then unpacked in rank order,
-    give the mean of the rows sent; the rows that did not fit are exactly the residual, a pending residual is added
-    in, and the unpacking hands back every header."""
+    give the mean of the rows sent; the rows that did not fit are exactly the ones held in the residual, with their
+    count; rows held from an earlier step are added in, a residual that holds none is not read, and the unpacking
+    hands back every header."""
     from bytesplat_ns.cuda import ops
 
     device = torch.device("cuda")
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     slots = 2 if half else 1
     ranks = [[make_grad("sparse", rank, 0, shape).to(device) for shape in SHAPES] for rank in range(2)]
-    pending = torch.zeros(ROWS, sum(math.prod(s) for s in SHAPES), device=device)
-    pending[7] = 1.0  # a row held back from an earlier step, touched by no gradient now
+    earlier = torch.zeros(ROWS, sum(math.prod(s) for s in SHAPES), device=device)
+    earlier[7] = 1.0  # a row held back from an earlier step, touched by no gradient now
     sent, buffers = [], []
     for rank, grads in enumerate(ranks):
-        flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1) + (pending if rank == 0 else 0)
-        residual = torch.full_like(flat, float("nan")) if capacity < ROWS else None  # every row must be written
-        buffer = ops.pack_rows(grads, capacity, note=10 + rank, half=half, residual_in=pending if rank == 0 else None,
-                               residual_out=residual, owners=owners)  # fmt: skip
+        flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1) + (earlier if rank == 0 else 0)
+        residual = count = None
+        if rank == 0:  # holds a row: read, and every row written (the held row cleared once sent)
+            residual, count = earlier.clone(), torch.ones(1, dtype=torch.int32, device=device)
+        elif capacity < ROWS:  # holds none: not read (its NaNs must not reach the buffer), only rows kept written
+            residual, count = torch.full_like(flat, float("nan")), torch.zeros(1, dtype=torch.int32, device=device)
+        buffer = ops.pack_rows(grads, capacity, note=10 + rank, half=half, residual=residual, residual_rows=count,
+                               owners=owners)  # fmt: skip
         assert buffer.shape == (owners, capacity + 1, slots + WIDTH)
         kept = torch.zeros_like(flat)
         touched = flat.ne(0).any(1)
+        left = 0
         for owner in range(owners):
-            count, note, third = buffer[owner, 0, : 3 * slots].clone().view(torch.int32).tolist()
-            assert (count, note, third) == (int(touched[owner::owners].sum()), 10 + rank, 0)
-            rows = buffer[owner, 1 : 1 + min(count, capacity), :slots].clone().view(torch.int32).view(-1).long()
+            touched_count, note, third = buffer[owner, 0, : 3 * slots].clone().view(torch.int32).tolist()
+            assert (touched_count, note, third) == (int(touched[owner::owners].sum()), 10 + rank, 0)
+            left += max(0, touched_count - capacity)
+            rows = buffer[owner, 1 : 1 + min(touched_count, capacity), :slots].clone().view(torch.int32).view(-1).long()
             assert len(set(rows.tolist())) == len(rows) and bool((rows % owners == owner).all())  # each row once
             values = buffer[owner, 1 : 1 + len(rows), slots:].float()
+            assert bool(torch.isfinite(values).all())
             assert float((values - flat[rows]).norm() / flat[rows].norm()) <= tolerance
             kept[rows] = flat[rows]
-        if residual is not None:  # sent + held back = everything, nothing twice
+        if residual is not None:  # sent + held = everything, nothing twice
+            assert int(count) == left
+            held = touched & ~kept.ne(0).any(1)  # [N]
+            assert int(held.sum()) == left
+            if rank == 1:  # the rows not held were never written
+                assert bool(residual[~held].isnan().all())
+                residual[~held] = 0
             assert torch.isfinite(residual).all()
-            assert not bool(((kept != 0).any(1) & (residual != 0).any(1)).any())
+            assert not bool((kept.ne(0).any(1) & residual.ne(0).any(1)).any())
             assert float((kept + residual - flat).norm()) <= tolerance * float(flat.norm())
         else:
             assert float((kept - flat).norm()) <= tolerance * float(flat.norm())

@@ -349,16 +349,18 @@ def pack_rows(
     capacity: int,
     note: int,
     half: bool,
-    residual_in: Tensor | None = None,  # [N, D] added to the rows
-    residual_out: Tensor | None = None,  # [N, D] written: rows past the capacity, zeros elsewhere
+    residual: Tensor | None = None,  # [N, D] read and written: rows held earlier, then the rows past capacity
+    residual_rows: Tensor | None = None,  # [1] int32 read and written: how many rows `residual` holds
     owners: int = 1,
     index_scale: int = 1,
     index_offset: int = 0,
 ) -> Tensor:
     """The compacted exchange's buffers [owners, capacity + 1, slots + D] (csrc/sparse_rows.h), row i in buffer
     i mod owners: a header row (row count, note, 0), then the rows with a non-zero value, in no particular order,
-    each its int32 index (i * index_scale + index_offset) then its values."""
-    return ext().pack_rows(grads, residual_in, residual_out, capacity, note, half, owners, index_scale, index_offset)
+    each its int32 index (i * index_scale + index_offset) then its values. The rows `residual` holds are added in
+    (it is read only when `residual_rows` is not 0), the rows past the capacity held there instead, and
+    `residual_rows` set to their count."""
+    return ext().pack_rows(grads, residual, residual_rows, capacity, note, half, owners, index_scale, index_offset)
 
 
 def unpack_rows(

@@ -36,34 +36,36 @@ void check_header_fits(int64_t values, bool half) {
 
 }  // namespace
 
-at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual_in,
-                     const c10::optional<at::Tensor>& residual_out, int64_t capacity, int64_t note, bool half,
+at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual,
+                     const c10::optional<at::Tensor>& residual_rows, int64_t capacity, int64_t note, bool half,
                      int64_t owners, int64_t index_scale, int64_t index_offset) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   BYTESPLAT_CHECK(owners >= 1 && owners <= kMaxOwners, "owners must be between 1 and ", kMaxOwners, ", got ", owners);
   BYTESPLAT_CHECK(capacity >= 1 && owners * (capacity + 1) < (int64_t{1} << 31),
                   "capacity must be positive and owners x (capacity + 1) an int32");
-  BYTESPLAT_CHECK(capacity >= (parts.rows + owners - 1) / owners || residual_out.has_value(),
-                  "a capacity below an owner's row count needs residual_out for the rows that do not fit");
+  BYTESPLAT_CHECK(capacity >= (parts.rows + owners - 1) / owners || residual.has_value(),
+                  "a capacity below an owner's row count needs a residual for the rows that do not fit");
+  BYTESPLAT_CHECK(residual.has_value() == residual_rows.has_value(),
+                  "a residual and its row count (residual_rows) come together");
   check_header_fits(parts.values, half);
   BYTESPLAT_CHECK(index_scale >= 1 && index_offset >= 0 &&
                       std::max<int64_t>(parts.rows - 1, 0) * index_scale + index_offset < (int64_t{1} << 31),
                   "the written row indices must be int32: index_scale >= 1, index_offset >= 0");
-  for (const auto* residual : {&residual_in, &residual_out}) {
-    if (residual->has_value()) {
-      BYTESPLAT_CHECK_INPUT(residual->value(), at::kFloat);
-      check_shape(residual->value(), {parts.rows, parts.values}, "residual");
-    }
+  if (residual.has_value()) {
+    BYTESPLAT_CHECK_INPUT(residual.value(), at::kFloat);
+    check_shape(residual.value(), {parts.rows, parts.values}, "residual");
+    BYTESPLAT_CHECK_INPUT(residual_rows.value(), at::kInt);
+    check_shape(residual_rows.value(), {1}, "residual_rows");
   }
   const auto dtype = half ? at::kHalf : at::kFloat;
   const int64_t width = row_slots(half) + parts.values;
   at::Tensor buffer = at::empty({owners, capacity + 1, width}, grads[0].options().dtype(dtype));
-  at::Tensor headers = at::zeros({owners, kHeaderInts}, grads[0].options().dtype(at::kInt));
+  at::Tensor headers = at::zeros({owners * kHeaderInts + 1}, grads[0].options().dtype(at::kInt));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const PackParams p{parts,
-                     residual_in.has_value() ? residual_in->data_ptr<float>() : nullptr,
-                     residual_out.has_value() ? residual_out->data_ptr<float>() : nullptr,
+                     residual.has_value() ? residual->data_ptr<float>() : nullptr,
+                     residual_rows.has_value() ? residual_rows->data_ptr<int>() : nullptr,
                      buffer.data_ptr(),
                      headers.data_ptr<int>(),
                      half,
@@ -77,6 +79,10 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(buffer.data_ptr(), owner_bytes, headers.data_ptr(),
                                                 kHeaderInts * sizeof(int32_t), kHeaderInts * sizeof(int32_t), owners,
                                                 cudaMemcpyDeviceToDevice, stream));
+  if (residual_rows.has_value()) {  // after the launch: every block has read the count it started with
+    BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpyAsync(residual_rows->data_ptr<int>(), headers.data_ptr<int>() + owners *
+                                                kHeaderInts, sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
+  }
   return buffer;
 }
 

@@ -33,10 +33,10 @@ struct WarpRows {
         stride((static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) {}
 };
 
-// The value to pack: the gradient plus the pending residual.
-__device__ __forceinline__ float packed_value(const PackParams& p, int64_t row, int col) {
+// The value to pack: the gradient, plus the residual's when it holds rows.
+__device__ __forceinline__ float packed_value(const PackParams& p, bool held, int64_t row, int col) {
   const float v = *value_ptr(p.grads, row, col);
-  return p.residual_in != nullptr ? v + p.residual_in[row * p.grads.values + col] : v;
+  return held ? v + p.residual[row * p.grads.values + col] : v;
 }
 
 template <bool kHalf>
@@ -91,22 +91,25 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
   const WarpRows w;
   const int lane = w.lane, d = p.grads.values;
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.owners) p.headers[threadIdx.x * kHeaderInts + 1] = p.note;
+  const bool held = p.residual != nullptr && *p.residual_rows > 0;  // set after this launch, by the host's copy
   for (int64_t row = w.first; row < p.grads.rows; row += w.stride) {
     bool touched = false;
-    for (int col = lane; col < d; col += 32) touched |= packed_value(p, row, col) != 0.f;
+    for (int col = lane; col < d; col += 32) touched |= packed_value(p, held, row, col) != 0.f;
     touched = __any_sync(kAllLanes, touched);
     const int owner = static_cast<int>(row % p.owners);
     int slot = 0;
     if (touched && lane == 0) slot = atomicAdd(p.headers + owner * kHeaderInts, 1);
     slot = __shfl_sync(kAllLanes, slot, 0);
     const bool sent = touched && slot < p.capacity;
+    const bool kept = touched && !sent && p.residual != nullptr;  // the host checks that a residual is given then
+    if (kept && lane == 0) atomicAdd(p.headers + p.owners * kHeaderInts, 1);
     const int64_t at = static_cast<int64_t>(owner) * (p.capacity + 1) + 1 + slot;  // of owners x (capacity + 1) rows
     typename Buf::Value* out = sent ? Buf::row(p.buffer, at, d) : nullptr;
     if (sent && lane == 0) Buf::put_index(out, static_cast<int32_t>(row * p.index_scale + p.index_offset));
     for (int col = lane; col < d; col += 32) {
-      const float v = packed_value(p, row, col);
+      const float v = packed_value(p, held, row, col);
       if (sent) out[Buf::kSlots + col] = Buf::encode(v);
-      if (p.residual_out != nullptr) p.residual_out[row * d + col] = touched && !sent ? v : 0.f;
+      if (kept || held) p.residual[row * d + col] = kept ? v : 0.f;  // nothing held and none kept: all zeros still
     }
   }
 }

@@ -10,11 +10,13 @@
 //         i mod owners (owners = 1: one buffer for an all-gather; owners = W: one per rank for an all-to-all),
 //         its index written as i * index_scale + index_offset (an owner's slice of the rows, row j standing for
 //         row j * W + rank of the whole).
-//         Every row with a non-zero value (a pending residual added in) takes a slot of its buffer from an atomic
-//         counter; slots below the capacity are filled (in no particular order), the other rows go into
-//         residual_out, which gets zeros for every other row. The headers are counted in a small int32 array
-//         and copied into the buffers' header rows after the launch (a float16 row may start on a 2-byte
-//         boundary). No host sync.
+//         Every row with a non-zero value (the rows held in `residual` added in) takes a slot of its buffer from
+//         an atomic counter; slots below the capacity are filled (in no particular order), the other rows are
+//         held in `residual` (in place: the rows it held are cleared as they are added in). `residual_rows`, on
+//         the device, counts the rows held: at 0 (every step whose rows all fit, the usual case) the residual is
+//         neither read nor cleared, so it costs nothing; after the launch it is set to the rows this pack held.
+//         The headers are counted in a small int32 array and copied into the buffers' header rows after the
+//         launch (a float16 row may start on a 2-byte boundary). No host sync.
 // unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
 //         into an owner's slice, index_divisor = W). A row appears once per
 //         buffer, so no two threads add to the same value; ranks are unpacked one launch after another, in rank
@@ -42,11 +44,12 @@ struct RowParts {
 
 struct PackParams {
   RowParts grads;             // read
-  const float* residual_in;   // [N, D] added to the rows, or nullptr
-  float* residual_out;        // [N, D] rows past the capacity (zeros elsewhere), or nullptr; may be residual_in
-                              // (each value is read, then written, by the same lane)
+  float* residual;            // [N, D] the rows held (added in), then the rows past the capacity; or nullptr
+                              // (each value is read, then written, by the same lane); zeros elsewhere
+  const int* residual_rows;   // [1] how many rows `residual` holds (0: it is all zeros, not read)
   void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
-  int* headers;               // [owners, kHeaderInts] zeroed before the launch: counts (atomic) and notes
+  int* headers;               // [owners * kHeaderInts + 1] zeroed before the launch: counts (atomic) and notes,
+                              // then the rows this pack held in `residual` (atomic)
   bool half;
   int capacity;
   int owners;
@@ -75,9 +78,9 @@ cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream);
 namespace bytesplat {
 
 // -> buffers [owners, capacity + 1, slots + D] (float32, or float16 with `half`).
-at::Tensor pack_rows(const std::vector<at::Tensor>& grads,          // each [N, ...] float32
-                     const c10::optional<at::Tensor>& residual_in,  // [N, D] float32
-                     const c10::optional<at::Tensor>& residual_out,  // [N, D] float32, written
+at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // each [N, ...] float32
+                     const c10::optional<at::Tensor>& residual,       // [N, D] float32, read and written
+                     const c10::optional<at::Tensor>& residual_rows,  // [1] int32, read and written
                      int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
                      int64_t index_offset);
 
