@@ -258,6 +258,31 @@ def test_pack_unpack_kernels_match_torch(half, capacity, owners):
     assert float((got - want).norm() / want.norm()) <= tolerance
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("widths", [(0, 1, 300), (2,), (5, 7, 9, 11, 13, 15, 17, 19)])
+def test_pack_kernel_rows_of_any_width(widths):
+    """Parts of no value, of one, wider than a block's threads, and eight of them: the rows the pack kernel sends
+    plus the ones it holds are the gradients, each row once, over many tiles of rows (the last one partial)."""
+    from bytesplat_ns.cuda import ops
+
+    device, rows, capacity = torch.device("cuda"), 3001, 700
+    torch.manual_seed(len(widths))
+    seen = torch.rand(rows, 1, device=device) < 0.4  # about 1,200 touched rows: more than fit
+    grads = [torch.randn(rows, w, device=device) * seen for w in widths]
+    flat = torch.cat(grads, 1)  # [N, D]
+    residual, held = torch.zeros_like(flat), torch.zeros(1, dtype=torch.int32, device=device)
+    buffer = ops.pack_rows(grads, capacity, note=3, half=False, residual=residual, residual_rows=held)
+    touched = int(flat.ne(0).any(1).sum())
+    assert buffer[0, 0, :3].clone().view(torch.int32).tolist() == [touched, 3, 0]
+    assert int(held) == touched - capacity
+    names = buffer[0, 1:, 0].clone().view(torch.int32).long()  # [capacity]
+    assert len(set(names.tolist())) == capacity
+    sent = torch.zeros_like(flat)
+    sent[names] = buffer[0, 1:, 1:]
+    assert torch.equal(sent + residual, flat)
+    assert not bool((sent.ne(0).any(1) & residual.ne(0).any(1)).any())
+
+
 def test_missing_exchange_kernels_fail_at_start_naming_both_fixes(monkeypatch):
     from bytesplat_ns import pipeline
     from bytesplat_ns.cuda.build import FusedBuildError

@@ -49,6 +49,8 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   BYTESPLAT_CHECK(residual.has_value() == residual_rows.has_value(),
                   "a residual and its row count (residual_rows) come together");
   check_header_fits(parts.values, half);
+  BYTESPLAT_CHECK(parts.values <= kPackTileBytes / 4, "the pack kernel's tile holds rows of at most ",
+                  kPackTileBytes / 4, " values, got ", parts.values);
   BYTESPLAT_CHECK(index_scale >= 1 && index_offset >= 0 &&
                       std::max<int64_t>(parts.rows - 1, 0) * index_scale + index_offset < (int64_t{1} << 31),
                   "the written row indices must be int32: index_scale >= 1, index_offset >= 0");
@@ -105,7 +107,7 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   const char* base = static_cast<const char*>(gathered.data_ptr());
   for (int64_t r = 0; r < ranks; ++r) {  // in rank order: the same sums on every rank
     const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale),
-                         static_cast<int>(index_divisor)};
+                         static_cast<int>(index_divisor), r == 0};
     BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
   }
   at::Tensor headers = at::empty({ranks, kHeaderInts}, gathered.options().dtype(at::kInt));

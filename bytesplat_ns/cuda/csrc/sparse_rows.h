@@ -1,4 +1,4 @@
-// Rows of the compacted gradient exchange (grad_compaction.py), packed and unpacked in one launch each.
+// Rows of the compacted gradient exchange (grad_compaction.py), packed in one launch, unpacked in one per rank.
 //
 // A gradient row is a splat's values of every parameter side by side: up to kMaxParts gradients [N, width_p],
 // D = sum of the widths. A buffer is [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2):
@@ -18,9 +18,9 @@
 //         The headers are counted in a small int32 array and copied into the buffers' header rows after the
 //         launch (a float16 row may start on a 2-byte boundary). No host sync.
 // unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
-//         into an owner's slice, index_divisor = W). A row appears once per
-//         buffer, so no two threads add to the same value; ranks are unpacked one launch after another, in rank
-//         order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
+//         into an owner's slice, index_divisor = W; the first rank's written into the zeros without reading them,
+//         0 + x being x). A row appears once per buffer, so no two threads add to the same value; ranks are
+//         unpacked one launch after another, in rank order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
 //         small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
 #pragma once
 
@@ -33,6 +33,7 @@ namespace bytesplat {
 constexpr int kMaxParts = 8;
 constexpr int kHeaderInts = 3;
 constexpr int kMaxOwners = 256;  // the pack kernel's first block writes every owner's note
+constexpr int kPackTileBytes = 32 * 1024;  // shared memory for one pack block's tile of rows
 
 struct RowParts {
   float* ptr[kMaxParts];  // [N, width[p]] each, contiguous
@@ -65,6 +66,7 @@ struct UnpackParams {
   int capacity;
   float scale;
   int index_divisor;
+  bool first;  // the first rank unpacked: its rows go into zeros, written without reading them
 };
 
 cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream);
