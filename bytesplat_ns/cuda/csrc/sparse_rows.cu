@@ -5,11 +5,10 @@
 // packed a 2M-splat view's gradients in 0.87 ms on an H200, where a device copy reads and writes them in 0.23 ms;
 // benchmarks/exchange_cost.py). So:
 // pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, read
-//         by all threads into shared memory, kLoadsInFlight loads each before the first store; then a warp per
-//         row tells whether it is touched, one thread per row takes a slot (one atomic per warp and owner), and a
-//         warp per sent row writes it out.
-// unpack: a warp takes kUnpackRows rows at once, all their loads issued before their stores (the gradient
-//         pointers could alias the buffer's, so the compiler would not reorder them itself).
+//         by all threads at once into shared memory; then a warp per row tells whether it is touched, one thread
+//         per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
+// unpack: a warp per row, its loads issued together before its adds (the gradient pointers could alias the
+//         buffer's, so the compiler would not reorder them itself).
 #include <cuda_fp16.h>
 
 #include <type_traits>
@@ -24,9 +23,7 @@ static_assert(kThreads >= kMaxOwners, "the pack kernel's first block writes ever
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
-constexpr int kLoadsInFlight = 8;  // a pack thread's loads issued before it stores the first of them
-constexpr int kUnpackRows = 4;     // rows an unpack warp loads at once,
-constexpr int kUnpackColumns = 2;  // 64 values of each at a time
+constexpr int kUnpackValuesPerLane = 4;  // a row's loads in flight together: up to 128 values at once
 
 // Value `col` of row `row` across the parts laid side by side.
 __device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int col) {
@@ -101,34 +98,20 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
       const float* src = p.grads.ptr[q] + first * w;
       int r = threadIdx.x / w, c = threadIdx.x % w;  // of value i = threadIdx.x, stepped without dividing
       const int dr = kThreads / w, dc = kThreads % w;
-      for (int i0 = threadIdx.x; i0 < n * w; i0 += kThreads * kLoadsInFlight) {
-        float v[kLoadsInFlight];
-#pragma unroll
-        for (int k = 0; k < kLoadsInFlight; ++k) v[k] = i0 + k * kThreads < n * w ? src[i0 + k * kThreads] : 0.f;
-#pragma unroll
-        for (int k = 0; k < kLoadsInFlight; ++k) {
-          if (i0 + k * kThreads < n * w) tile[r * d + offset + c] = v[k];
-          r += dr;
-          c += dc;
-          if (c >= w) {
-            c -= w;
-            ++r;
-          }
+      for (int i = threadIdx.x; i < n * w; i += kThreads) {
+        tile[r * d + offset + c] = src[i];
+        r += dr;
+        c += dc;
+        if (c >= w) {
+          c -= w;
+          ++r;
         }
       }
     }
     __syncthreads();
     if (held) {  // the residual's rows are laid out as the tile's
       const float* res = p.residual + first * d;
-      for (int i0 = threadIdx.x; i0 < n * d; i0 += kThreads * kLoadsInFlight) {
-        float v[kLoadsInFlight];
-#pragma unroll
-        for (int k = 0; k < kLoadsInFlight; ++k) v[k] = i0 + k * kThreads < n * d ? res[i0 + k * kThreads] : 0.f;
-#pragma unroll
-        for (int k = 0; k < kLoadsInFlight; ++k) {
-          if (i0 + k * kThreads < n * d) tile[i0 + k * kThreads] += v[k];
-        }
-      }
+      for (int i = threadIdx.x; i < n * d; i += kThreads) tile[i] += res[i];
       __syncthreads();
     }
     // 2. Touched rows: a warp per row.
@@ -183,43 +166,26 @@ __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) 
   // The header's count, read like a row index: a float16 rank's buffer in a gathered tensor may start on a
   // 2-byte boundary.
   const int count = min(Buf::get_index(Buf::row(p.buffer, 0, d)), p.capacity);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * kUnpackRows;
-  for (int64_t i0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kUnpackRows; i0 < count;
-       i0 += stride) {
-    const typename Buf::Value* in[kUnpackRows];
-    int64_t row[kUnpackRows];  // -1: none
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); i < count; i += warps) {
+    const typename Buf::Value* in = Buf::row(p.buffer, 1 + i, d);
+    const int64_t index = Buf::get_index(in);
+    const int64_t row = index / p.index_divisor;
+    if (index < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
+    for (int c0 = 0; c0 < d; c0 += 32 * kUnpackValuesPerLane) {
+      float add[kUnpackValuesPerLane], had[kUnpackValuesPerLane];
+      float* at[kUnpackValuesPerLane];
 #pragma unroll
-    for (int j = 0; j < kUnpackRows; ++j) in[j] = i0 + j < count ? Buf::row(p.buffer, 1 + i0 + j, d) : nullptr;
-#pragma unroll
-    for (int j = 0; j < kUnpackRows; ++j) {
-      const int64_t index = in[j] != nullptr ? Buf::get_index(in[j]) : -1;
-      row[j] = index / p.index_divisor;
-      if (index < 0 || row[j] >= p.grads.rows) row[j] = -1;  // a corrupt buffer must not write out of bounds
-    }
-    for (int c0 = 0; c0 < d; c0 += 32 * kUnpackColumns) {
-      float add[kUnpackRows][kUnpackColumns], had[kUnpackRows][kUnpackColumns];
-      float* at[kUnpackRows][kUnpackColumns];
-#pragma unroll
-      for (int j = 0; j < kUnpackRows; ++j) {
-#pragma unroll
-        for (int k = 0; k < kUnpackColumns; ++k) {
-          const int c = c0 + k * 32 + lane;
-          const bool valid = row[j] >= 0 && c < d;
-          at[j][k] = valid ? value_ptr(p.grads, row[j], c) : nullptr;
-          add[j][k] = valid ? p.scale * Buf::decode(in[j][Buf::kSlots + c]) : 0.f;
-        }
+      for (int k = 0; k < kUnpackValuesPerLane; ++k) {
+        const int c = c0 + k * 32 + lane;
+        at[k] = c < d ? value_ptr(p.grads, row, c) : nullptr;
+        add[k] = c < d ? p.scale * Buf::decode(in[Buf::kSlots + c]) : 0.f;
       }
 #pragma unroll
-      for (int j = 0; j < kUnpackRows; ++j) {
+      for (int k = 0; k < kUnpackValuesPerLane; ++k) had[k] = at[k] != nullptr && !p.first ? *at[k] : 0.f;
 #pragma unroll
-        for (int k = 0; k < kUnpackColumns; ++k) had[j][k] = at[j][k] != nullptr && !p.first ? *at[j][k] : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kUnpackRows; ++j) {
-#pragma unroll
-        for (int k = 0; k < kUnpackColumns; ++k) {
-          if (at[j][k] != nullptr) *at[j][k] = had[j][k] + add[j][k];  // the first rank's into zeros: 0 + x is x
-        }
+      for (int k = 0; k < kUnpackValuesPerLane; ++k) {
+        if (at[k] != nullptr) *at[k] = had[k] + add[k];  // the first rank's into zeros: 0 + x is x, bit for bit
       }
     }
   }
@@ -252,7 +218,7 @@ cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream) {
-  const unsigned blocks = blocks_for(p.capacity, kWarps * kUnpackRows);
+  const unsigned blocks = blocks_for(p.capacity, kWarps);
   if (p.half) {
     unpack_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
