@@ -4,11 +4,13 @@
 // atomic slot and then writes it moves too few bytes at a time (the first version, one warp per row throughout,
 // packed a 2M-splat view's gradients in 0.87 ms on an H200, where a device copy reads and writes them in 0.23 ms;
 // benchmarks/exchange_cost.py). So:
-// pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, read
-//         by all threads at once into shared memory; then a warp per row tells whether it is touched, one thread
-//         per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
-// unpack: a warp per row, its loads issued together before its adds (the gradient pointers could alias the
-//         buffer's, so the compiler would not reorder them itself).
+// pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, copied
+//         as it is into shared memory (16 bytes a load); then a warp per row tells whether it is touched, one
+//         thread per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
+//         The second version: its first (the same tile, in rows of D values, each value's place worked out as it
+//         was copied) issued instructions on 86% of cycles while moving 25% of the memory's bandwidth (ncu).
+// unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
+//         its adds (the gradient pointers could alias the buffer's, so the compiler would not reorder them itself).
 #include <cuda_fp16.h>
 
 #include <type_traits>
@@ -23,7 +25,7 @@ static_assert(kThreads >= kMaxOwners, "the pack kernel's first block writes ever
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
-constexpr int kUnpackValuesPerLane = 4;  // a row's loads in flight together: up to 128 values at once
+constexpr int kLaneColumns = 2;  // a lane's first columns, whose places stay in registers (rows of up to 64 values)
 
 // Value `col` of row `row` across the parts laid side by side.
 __device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int col) {
@@ -80,44 +82,83 @@ struct RowBuffer {
   }
 };
 
+// Where value `col` of tile row `r` lies in the pack kernel's tile, which holds each part's rows as they are in
+// memory, one part after another: part q's from tile_rows x (the widths of the parts before it) on.
+__device__ int tile_place(const RowParts& g, int tile_rows, int r, int col) {
+  for (int q = 0, offset = 0; q < g.parts; offset += g.width[q], ++q) {
+    if (col < g.width[q]) return tile_rows * offset + r * g.width[q] + col;
+    col -= g.width[q];
+  }
+  return -1;  // col >= D: never asked for
+}
+
+// A lane's values of a tile row: columns lane, lane + 32, ...; the first kLaneColumns of them have their place in
+// the tile worked out once, in registers (start[j] + r * width[j]).
+struct LaneColumns {
+  int lane;
+  int start[kLaneColumns];  // -1: past D
+  int width[kLaneColumns];
+
+  __device__ LaneColumns(const RowParts& g, int tile_rows) : lane(static_cast<int>(threadIdx.x) & 31) {
+#pragma unroll
+    for (int j = 0; j < kLaneColumns; ++j) {
+      const int col = lane + 32 * j;
+      start[j] = col < g.values ? tile_place(g, tile_rows, 0, col) : -1;
+      width[j] = col < g.values ? tile_place(g, tile_rows, 1, col) - start[j] : 0;
+    }
+  }
+
+  // f(col, place in the tile) for each of this lane's values of tile row r.
+  template <typename F>
+  __device__ __forceinline__ void each(const RowParts& g, int tile_rows, int r, F&& f) const {
+#pragma unroll
+    for (int j = 0; j < kLaneColumns; ++j) {
+      if (start[j] >= 0) f(lane + 32 * j, start[j] + r * width[j]);
+    }
+    for (int col = lane + 32 * kLaneColumns; col < g.values; col += 32) f(col, tile_place(g, tile_rows, r, col));
+  }
+};
+
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, const int tile_rows) {
   using Buf = RowBuffer<kHalf>;
-  extern __shared__ float tile[];  // [tile_rows, D]: this block's rows, every part side by side
+  extern __shared__ float4 tile_quads[];  // the tile: tile_rows rows of each part, part after part
+  float* tile = reinterpret_cast<float*>(tile_quads);
   __shared__ int slot_of[kThreads];  // each tile row's slot in its owner's buffer; -1: not touched
   const int d = p.grads.values, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const LaneColumns columns(p.grads, tile_rows);
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.owners) p.headers[threadIdx.x * kHeaderInts + 1] = p.note;
   const bool held = p.residual != nullptr && *p.residual_rows > 0;  // set after this launch, by the host's copy
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile_rows; first < p.grads.rows;
        first += static_cast<int64_t>(gridDim.x) * tile_rows) {
     const int n = static_cast<int>(min(static_cast<int64_t>(tile_rows), p.grads.rows - first));
-    // 1. The tile's values: part q's rows are one contiguous range of n * width values.
+    // 1. The tile's values: part q's n rows are one contiguous range of n x width values, copied as they are
+    //    (four at a time where both sides are 16-byte aligned).
     for (int q = 0, offset = 0; q < p.grads.parts; offset += p.grads.width[q], ++q) {
-      const int w = p.grads.width[q];
-      if (w == 0) continue;  // e.g. the SH coefficients past the DC term at degree 0
+      const int w = p.grads.width[q], count = n * w;
       const float* src = p.grads.ptr[q] + first * w;
-      int r = threadIdx.x / w, c = threadIdx.x % w;  // of value i = threadIdx.x, stepped without dividing
-      const int dr = kThreads / w, dc = kThreads % w;
-      for (int i = threadIdx.x; i < n * w; i += kThreads) {
-        tile[r * d + offset + c] = src[i];
-        r += dr;
-        c += dc;
-        if (c >= w) {
-          c -= w;
-          ++r;
-        }
+      float* dst = tile + tile_rows * offset;
+      int copied = 0;
+      if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
+        const float4* src4 = reinterpret_cast<const float4*>(src);
+        float4* dst4 = reinterpret_cast<float4*>(dst);
+        for (int i = threadIdx.x; i < count / 4; i += kThreads) dst4[i] = src4[i];
+        copied = count / 4 * 4;
       }
+      for (int i = copied + threadIdx.x; i < count; i += kThreads) dst[i] = src[i];
     }
     __syncthreads();
-    if (held) {  // the residual's rows are laid out as the tile's
-      const float* res = p.residual + first * d;
-      for (int i = threadIdx.x; i < n * d; i += kThreads) tile[i] += res[i];
+    if (held) {  // the residual's rows added in: a warp per row
+      for (int r = warp; r < n; r += kWarps) {
+        const float* res = p.residual + (first + r) * d;
+        columns.each(p.grads, tile_rows, r, [&](int col, int at) { tile[at] += res[col]; });
+      }
       __syncthreads();
     }
     // 2. Touched rows: a warp per row.
     for (int r = warp; r < n; r += kWarps) {
       bool touched = false;
-      for (int c = lane; c < d; c += 32) touched |= tile[r * d + c] != 0.f;
+      columns.each(p.grads, tile_rows, r, [&](int, int at) { touched |= tile[at] != 0.f; });
       touched = __any_sync(kAllLanes, touched);
       if (lane == 0) slot_of[r] = touched ? 0 : -1;
     }
@@ -128,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
       const bool touched = t < n && slot_of[t] == 0;
       const unsigned active = __ballot_sync(kAllLanes, touched);
       if (touched) {
-        const int owner = static_cast<int>((first + t) % p.owners);
+        const int owner = p.owners == 1 ? 0 : static_cast<int>((first + t) % p.owners);
         const unsigned same = __match_any_sync(active, owner);  // this warp's touched rows of this owner
         const int leader = __ffs(same) - 1;
         int base = 0;
@@ -145,24 +186,43 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
       const int slot = slot_of[r];
       const int64_t row = first + r;
       if (slot >= 0 && slot < p.capacity) {
-        const int64_t at = (row % p.owners) * (p.capacity + 1) + 1 + slot;  // of owners x (capacity + 1) rows
-        typename Buf::Value* out = Buf::row(p.buffer, at, d);
+        const int64_t owner = p.owners == 1 ? 0 : row % p.owners;
+        typename Buf::Value* out = Buf::row(p.buffer, owner * (p.capacity + 1) + 1 + slot, d);
         if (lane == 0) Buf::put_index(out, static_cast<int32_t>(row * p.index_scale + p.index_offset));
-        for (int c = lane; c < d; c += 32) out[Buf::kSlots + c] = Buf::encode(tile[r * d + c]);
+        columns.each(p.grads, tile_rows, r, [&](int col, int at) { out[Buf::kSlots + col] = Buf::encode(tile[at]); });
       }
       const bool kept = slot >= p.capacity && p.residual != nullptr;  // the host checks that a residual is given
       if (kept || held) {  // nothing held and none kept: the residual's row is all zeros still
-        for (int c = lane; c < d; c += 32) p.residual[row * d + c] = kept ? tile[r * d + c] : 0.f;
+        float* res = p.residual + row * d;
+        columns.each(p.grads, tile_rows, r, [&](int col, int at) { res[col] = kept ? tile[at] : 0.f; });
       }
     }
     __syncthreads();  // before the next tile overwrites this one
   }
 }
 
+// Where a lane's first kLaneColumns values of any gradient row are (columns lane, lane + 32, ...): worked out
+// once, in registers, instead of walking the parts for every value.
+struct LaneValues {
+  float* ptr[kLaneColumns];  // the part's values of row 0 at this column; nullptr past D
+  int width[kLaneColumns];   // the part's width: row r's value is at ptr + r * width
+
+  __device__ explicit LaneValues(const RowParts& g) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+    for (int j = 0; j < kLaneColumns; ++j) {
+      const int col = lane + 32 * j;
+      ptr[j] = col < g.values ? value_ptr(g, 0, col) : nullptr;
+      width[j] = col < g.values ? static_cast<int>(value_ptr(g, 1, col) - ptr[j]) : 0;
+    }
+  }
+};
+
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) {
   using Buf = RowBuffer<kHalf>;
   const int d = p.grads.values, lane = threadIdx.x & 31;
+  const LaneValues values(p.grads);
   // The header's count, read like a row index: a float16 rank's buffer in a gathered tensor may start on a
   // 2-byte boundary.
   const int count = min(Buf::get_index(Buf::row(p.buffer, 0, d)), p.capacity);
@@ -172,21 +232,24 @@ __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) 
     const int64_t index = Buf::get_index(in);
     const int64_t row = index / p.index_divisor;
     if (index < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
-    for (int c0 = 0; c0 < d; c0 += 32 * kUnpackValuesPerLane) {
-      float add[kUnpackValuesPerLane], had[kUnpackValuesPerLane];
-      float* at[kUnpackValuesPerLane];
+    // Every load before the first store (the gradients could alias the buffer, so the compiler would not
+    // reorder them itself); the first rank's rows go into zeros: 0 + x is x, bit for bit.
+    float add[kLaneColumns], had[kLaneColumns];
 #pragma unroll
-      for (int k = 0; k < kUnpackValuesPerLane; ++k) {
-        const int c = c0 + k * 32 + lane;
-        at[k] = c < d ? value_ptr(p.grads, row, c) : nullptr;
-        add[k] = c < d ? p.scale * Buf::decode(in[Buf::kSlots + c]) : 0.f;
-      }
+    for (int j = 0; j < kLaneColumns; ++j) {
+      add[j] = values.ptr[j] != nullptr ? p.scale * Buf::decode(in[Buf::kSlots + lane + 32 * j]) : 0.f;
+    }
 #pragma unroll
-      for (int k = 0; k < kUnpackValuesPerLane; ++k) had[k] = at[k] != nullptr && !p.first ? *at[k] : 0.f;
+    for (int j = 0; j < kLaneColumns; ++j) {
+      had[j] = values.ptr[j] != nullptr && !p.first ? values.ptr[j][row * values.width[j]] : 0.f;
+    }
 #pragma unroll
-      for (int k = 0; k < kUnpackValuesPerLane; ++k) {
-        if (at[k] != nullptr) *at[k] = had[k] + add[k];  // the first rank's into zeros: 0 + x is x, bit for bit
-      }
+    for (int j = 0; j < kLaneColumns; ++j) {
+      if (values.ptr[j] != nullptr) values.ptr[j][row * values.width[j]] = had[j] + add[j];
+    }
+    for (int col = lane + 32 * kLaneColumns; col < d; col += 32) {  // rows wider than the registers hold
+      float* at = value_ptr(p.grads, row, col);
+      *at = (p.first ? 0.f : *at) + p.scale * Buf::decode(in[Buf::kSlots + col]);
     }
   }
 }
