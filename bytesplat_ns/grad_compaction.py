@@ -48,8 +48,8 @@ the routed plan (whose second round carries the union of both views); with 3 the
 (a room seen from inside) and the routed plan sends 12% of the dense all-reduce's bytes fewer where they overlap (an
 object seen from around it); from 4 ranks on the routed plan sends fewer in both (by 3-34% of the dense all-reduce's
 bytes at 4 ranks, 20-128% at 8), and where views overlap the all-gather alone can exceed the dense all-reduce. The
-routed plan also sums on the owners: on one GPU, with one rank, its exchange of one 2M-splat view took 1.8-1.9x the
-all-gather's time (there the slice is every row). Hence routing from 4 ranks by default.
+routed plan also sums on the owners: on one GPU, with one rank, its exchange of one 2M-splat view took about 1.8x the
+all-gather's time (there the slice is every row; benchmarks/exchange_cost.py). Hence routing from 4 ranks by default.
 
 Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
