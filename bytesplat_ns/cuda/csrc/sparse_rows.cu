@@ -1,14 +1,13 @@
 // Pack and unpack kernels of the compacted gradient exchange.
 //
-// Both are bound by memory, and by how many loads each warp has in flight: a warp that reads a row, waits for an
-// atomic slot and then writes it moves too few bytes at a time (the first version, one warp per row throughout,
-// packed a 2M-splat view's gradients in 0.87 ms on an H200, where a device copy reads and writes them in 0.23 ms;
-// benchmarks/exchange_cost.py). So:
+// Measured on an H200 (benchmarks/exchange_cost.py, benchmarks/RESULTS.md): the first version, one warp per row
+// throughout (read the row, take a slot with an atomic, write it), packed a 2M-splat view's gradients in 0.87 ms,
+// where a device copy reads and writes them in 0.23 ms; a tile of rows in shared memory, in rows of D values,
+// brought that to 0.37 ms, and ncu then showed both kernels bound by instructions (issued on 86% and 72-77% of
+// cycles, 20-25% of the memory bandwidth used). Hence:
 // pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, copied
 //         as it is into shared memory (16 bytes a load); then a warp per row tells whether it is touched, one
 //         thread per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
-//         The second version: its first (the same tile, in rows of D values, each value's place worked out as it
-//         was copied) issued instructions on 86% of cycles while moving 25% of the memory's bandwidth (ncu).
 // unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
 //         its adds (the gradient pointers could alias the buffer's, so the compiler would not reorder them itself).
 #include <cuda_fp16.h>
