@@ -26,13 +26,27 @@ constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
 constexpr int kLaneColumns = 2;  // a lane's first columns, whose places stay in registers (rows of up to 64 values)
 
-// Value `col` of row `row` across the parts laid side by side.
-__device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int col) {
-  for (int q = 0; q < g.parts; ++q) {
-    if (col < g.width[q]) return g.ptr[q] + row * g.width[q] + col;
+// Where column `col` of a row (the parts laid side by side) lies: in part `part`, at `within`, after `before`
+// values of the parts before it. Both the gradients and the pack kernel's tile are placed by it.
+struct Column {
+  int part;
+  int before;
+  int within;
+};
+
+__device__ __forceinline__ Column find_column(const RowParts& g, int col) {
+  int before = 0, q = 0;
+  for (; q + 1 < g.parts && col >= g.width[q]; ++q) {  // col < D: the last part holds whatever is left
     col -= g.width[q];
+    before += g.width[q];
   }
-  return nullptr;  // col >= D: never asked for
+  return {q, before, col};
+}
+
+// Value `col` of gradient row `row`.
+__device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int col) {
+  const Column c = find_column(g, col);
+  return g.ptr[c.part] + row * g.width[c.part] + c.within;
 }
 
 template <bool kHalf>
@@ -83,12 +97,9 @@ struct RowBuffer {
 
 // Where value `col` of tile row `r` lies in the pack kernel's tile, which holds each part's rows as they are in
 // memory, one part after another: part q's from tile_rows x (the widths of the parts before it) on.
-__device__ int tile_place(const RowParts& g, int tile_rows, int r, int col) {
-  for (int q = 0, offset = 0; q < g.parts; offset += g.width[q], ++q) {
-    if (col < g.width[q]) return tile_rows * offset + r * g.width[q] + col;
-    col -= g.width[q];
-  }
-  return -1;  // col >= D: never asked for
+__device__ __forceinline__ int tile_place(const RowParts& g, int tile_rows, int r, int col) {
+  const Column c = find_column(g, col);
+  return tile_rows * c.before + r * g.width[c.part] + c.within;
 }
 
 // A lane's values of a tile row: columns lane, lane + 32, ...; the first kLaneColumns of them have their place in
@@ -102,8 +113,9 @@ struct LaneColumns {
 #pragma unroll
     for (int j = 0; j < kLaneColumns; ++j) {
       const int col = lane + 32 * j;
-      start[j] = col < g.values ? tile_place(g, tile_rows, 0, col) : -1;
-      width[j] = col < g.values ? tile_place(g, tile_rows, 1, col) - start[j] : 0;
+      const Column c = find_column(g, col < g.values ? col : 0);
+      start[j] = col < g.values ? tile_rows * c.before + c.within : -1;
+      width[j] = g.width[c.part];
     }
   }
 
@@ -211,8 +223,9 @@ struct LaneValues {
 #pragma unroll
     for (int j = 0; j < kLaneColumns; ++j) {
       const int col = lane + 32 * j;
-      ptr[j] = col < g.values ? value_ptr(g, 0, col) : nullptr;
-      width[j] = col < g.values ? static_cast<int>(value_ptr(g, 1, col) - ptr[j]) : 0;
+      const Column c = find_column(g, col < g.values ? col : 0);
+      ptr[j] = col < g.values ? g.ptr[c.part] + c.within : nullptr;
+      width[j] = g.width[c.part];
     }
   }
 };
