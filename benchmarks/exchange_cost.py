@@ -33,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from exchange_plans import object_camera  # noqa: E402
+from fused_kernel import median_ms  # noqa: E402
 from multi_gpu import ROOM_SPLATS, room_camera, room_splats, view_backward  # noqa: E402
 
 from bytesplat_ns.cuda import ops  # noqa: E402
@@ -46,18 +47,11 @@ SCENES = {  # name: (splats, camera, image size)
 
 
 def median_us(fn, runs: int, before=None) -> float:
-    """Median microseconds of `fn` on the device (CUDA events), `before` run untimed ahead of each call."""
-    times = []
-    for _ in range(runs + 3):
-        if before is not None:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(1000 * start.elapsed_time(end))
-    return sorted(times[3:])[runs // 2]
+    """Median microseconds of `fn` on the device (fused_kernel.py's CUDA-event timer), `before` run untimed ahead
+    of each call."""
+    if before is None:
+        return 1000 * median_ms(fn, iters=runs)
+    return 1000 * median_ms(lambda _: fn(), iters=runs, setup=before)
 
 
 def settled(grads: list[torch.Tensor], routed: bool) -> tuple[SparseRowExchange, list[torch.Tensor]]:

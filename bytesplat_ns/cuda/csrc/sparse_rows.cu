@@ -271,11 +271,11 @@ unsigned blocks_for(int64_t items, int64_t per_block) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
 
-// Rows of D values in one pack tile: what fits in kPackTileBytes (at least one: the host checks that one does),
-// at most one per thread, whole warps where more than one warp's worth fits.
+// Rows of D values in one pack tile: what fits in kPackTileBytes (at least one: the host checks that D is between
+// 2 and kPackTileBytes / 4), at most one per thread, whole warps where more than one warp's worth fits.
 int pack_tile_rows(int values) {
-  const int rows = kPackTileBytes / (static_cast<int>(sizeof(float)) * (values > 0 ? values : 1));
-  return rows >= kThreads ? kThreads : (rows >= 32 ? rows / 32 * 32 : (rows > 0 ? rows : 1));
+  const int rows = kPackTileBytes / (static_cast<int>(sizeof(float)) * values);
+  return rows >= kThreads ? kThreads : (rows >= 32 ? rows / 32 * 32 : rows);
 }
 
 }  // namespace

@@ -20,8 +20,8 @@
 // unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
 //         into an owner's slice, index_divisor = W; the first rank's written into the zeros without reading them,
 //         0 + x being x). A row appears once per buffer, so no two threads add to the same value; ranks are
-//         unpacked one launch after another, in rank order, which makes the sums bitwise the same on every rank. The ranks' header rows come back as one
-//         small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
+//         unpacked one launch after another, in rank order, which makes the sums bitwise the same on every rank.
+//         The ranks' header rows come back as one small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
 #pragma once
 
 #include <cuda_runtime_api.h>
