@@ -8,8 +8,14 @@ replay alone. Read at the end, per replayed step: the GPU's time from the step's
 gap before the step (the previous step's end to this step's start, where both were replayed); medians over all
 replayed steps and over those that found the GPU busy. A GPU busy at nearly every step's start and gaps near zero
 mean the GPU sets the pace: the host's time then goes to waiting (in whatever call finds the launch queue full),
-and only less GPU work shortens the step. Writes --json and the per-step rows beside it (<json
-stem>.steps.json); table last.
+and only less GPU work shortens the step.
+
+Where the rest of the loop goes on the GPU's timeline: from the first replayed step's start to the last one's end,
+the replays' own spans, the gaps between consecutive replayed steps, and what lies between replays that are not
+consecutive (the refines, the steps run op by op after them, and the recordings, which happen inside a replayed
+step's `run` before its replay): that last part, per refine, is what densification costs each run, with one GPU
+or several (its count of refines is the same for the same number of views). Writes --json and the per-step rows
+beside it (<json stem>.steps.json); table last.
 
     python3 benchmarks/gpu_pace.py --data .device-kit/data/lego --steps 7000 --json $OUT/gpu_pace.json
 """
@@ -51,21 +57,27 @@ def child() -> None:
     def run(self, step, camera, batch, note=None):
         events.clear()
         busy = not torch.cuda.current_stream().query()
+        captures = self.captures
         mark()
         out = run_step(self, step, camera, batch, note)
         mark()
         if out is not None and len(events) == 4:
-            steps.append((step, busy, list(events)))
+            steps.append((step, busy, self.captures > captures, list(events)))
         return out
 
     def write() -> None:
         torch.cuda.synchronize()
         rows = []
-        for i, (step, busy, (start, graph_start, graph_end, end)) in enumerate(steps):
-            previous = steps[i - 1] if i and steps[i - 1][0] == step - 1 else None
-            gap = previous[2][3].elapsed_time(start) if previous else None
-            rows.append({"step": step, "busy": busy, "gpu_ms": start.elapsed_time(end),
-                         "graph_ms": graph_start.elapsed_time(graph_end), "gap_ms": gap})  # fmt: skip
+        for i, (step, busy, recorded, (start, graph_start, graph_end, end)) in enumerate(steps):
+            before = steps[i - 1] if i else None  # the replayed step before this one, consecutive or not
+            since = before[3][3].elapsed_time(start) if before else None
+            rows.append({"step": step, "busy": busy, "recorded": recorded, "gpu_ms": start.elapsed_time(end),
+                         "graph_ms": graph_start.elapsed_time(graph_end),
+                         "before_graph_ms": start.elapsed_time(graph_start),
+                         "after_steps": step - before[0] if before else None, "since_ms": since,
+                         "gap_ms": since if before and before[0] == step - 1 else None})  # fmt: skip
+        if steps:
+            rows.append({"timeline_ms": steps[0][3][0].elapsed_time(steps[-1][3][3])})
         Path(os.environ[RECORD_ENV]).write_text(json.dumps(rows))
 
     StepGraph.run = run
@@ -93,8 +105,12 @@ def main() -> None:
     os.environ[RECORD_ENV] = str(record)
     run = train(args, "pace", wrapper=[sys.executable, __file__, "--child"])
     rows = json.loads(record.read_text())
+    timeline_ms = rows.pop()["timeline_ms"]
     busy = [r for r in rows if r["busy"]]
     gaps = [r["gap_ms"] for r in rows if r["gap_ms"] is not None]
+    across = [r["since_ms"] for r in rows if (r["after_steps"] or 0) > 1]  # refines and steps op by op between
+    recording = [r["before_graph_ms"] for r in rows if r["recorded"]]
+    between_ms = sum(across) + sum(recording)
     report = {
         "steps": args.steps, "seed": args.seed, "options": args.options, "replayed_steps": len(rows),
         "busy_at_start_fraction": len(busy) / len(rows),
@@ -105,6 +121,11 @@ def main() -> None:
         "graph_ms_median_busy": statistics.median(r["graph_ms"] for r in busy) if busy else None,
         "gap_ms_median": statistics.median(gaps), "gap_ms_mean": statistics.fmean(gaps),
         "gap_over_10us_fraction": sum(g > 0.01 for g in gaps) / len(gaps),
+        "timeline_ms": timeline_ms, "replays_ms": sum(r["graph_ms"] for r in rows),
+        "steady_gaps_ms": sum(gaps) + sum(r["before_graph_ms"] for r in rows if not r["recorded"]),
+        "across_op_by_op_ms": sum(across), "stretches_op_by_op": len(across),
+        "recording_ms": sum(recording), "recordings": len(recording),
+        "between_replays_ms_each": between_ms / max(1, len(across)),
         "loop_ms_per_step": run_summary(run.folder)["loop_ms_per_step"],
     }  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
