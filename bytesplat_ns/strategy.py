@@ -11,11 +11,16 @@
    host wait for the GPU every step); it gives the same numbers. It runs inside the training step, right after
    backward (`accumulate`), not in the after-iteration callback, so the step graph (step_graph.py) records it
    with the rest of the step; `step_post_backward` then only refines and resets.
+5. A refine keeps PyTorch's cache of freed device memory: gsplat's `step_post_backward` empties it after every
+   refine (`torch.cuda.empty_cache()`), which frees the cached blocks with a wait for the GPU and leaves the
+   next step (and the step graph's next recording) to allocate them from the driver again. PyTorch empties the
+   cache by itself when an allocation would otherwise fail, so keeping it costs no usable memory.
 The reduction and the check are the only collectives, and they run at refine steps only. With one process
 (no process group) only point 2 applies.
 
-The hooks are DefaultStrategy's `_grow_gs` and `_prune_gs` (gsplat 1.4.0), which run in that order at each
-refine step, before the statistics are reset.
+The hooks are DefaultStrategy's `_grow_gs` and `_prune_gs` (gsplat 1.4.0), which `step_post_backward` runs in that
+order at each refine step, before the statistics are reset; it follows gsplat 1.4.0's schedule (when to refine,
+when to reset opacities) but for point 5.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from gsplat.strategy import DefaultStrategy
+from gsplat.strategy.ops import reset_opa
 
 
 class SplatCountMismatchError(RuntimeError):
@@ -65,9 +71,23 @@ class ByteSplatStrategy(DefaultStrategy):
             screen = info["radii"] / float(max(info["width"], info["height"]))
             torch.maximum(state["radii"], torch.where(visible, screen, 0.0).amax(dim=0), out=state["radii"])
 
-    def _update_state(self, params, state, info, packed=False):
-        """Nothing: gsplat's step_post_backward calls this before it refines, but the statistics came in with the
-        step (`accumulate`)."""
+    @torch.no_grad()
+    def step_post_backward(self, params, optimizers, state: dict, step: int, info: dict, packed: bool = False) -> None:
+        """At refine steps: grow, prune, reset the statistics; every `reset_every` steps: lower the opacities.
+        gsplat's schedule and operations; the statistics came in with the step (`accumulate`)."""
+        if step >= self.refine_stop_iter:
+            return
+        refining = step > self.refine_start_iter and step % self.refine_every == 0
+        if refining and step % self.reset_every >= self.pause_refine_after_reset:
+            n_dupli, n_split = self._grow_gs(params, optimizers, state, step)
+            n_prune = self._prune_gs(params, optimizers, state, step)
+            if self.verbose:
+                print(f"Step {step}: {n_dupli} GSs duplicated, {n_split} GSs split, {n_prune} GSs pruned. "
+                      f"Now having {len(params['means'])} GSs.")  # fmt: skip
+            for key in ("grad2d", "count") + (("radii",) if self.refine_scale2d_stop_iter > 0 else ()):
+                state[key].zero_()
+        if step % self.reset_every == 0:
+            reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
 
     @torch.no_grad()
     def _grow_gs(self, params, optimizers, state, step):

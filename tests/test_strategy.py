@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -91,3 +92,57 @@ def test_a_training_step_adds_its_statistics_once(tmp_path):
     assert torch.equal(state["count"], torch.stack(seen).sum(dim=0).reshape(-1).float())
     assert state["count"].max() == 3
     torch.testing.assert_close(state["grad2d"], expected["grad2d"])
+
+
+class _GsplatRefines(DefaultStrategy):
+    """gsplat's DefaultStrategy with the statistics given, as ByteSplatStrategy's come in with the step."""
+
+    def _update_state(self, params, state, info, packed=False):
+        pass
+
+
+def test_refines_and_resets_as_gsplat_without_emptying_the_cache():
+    """Over refine and opacity-reset steps, step_post_backward leaves the splats, Adam's state and the statistics as
+    gsplat's DefaultStrategy does (its draws seeded alike), and never empties the allocator's cache."""
+    options = dict(refine_start_iter=1, refine_every=2, reset_every=6, pause_refine_after_reset=0,
+                   refine_stop_iter=100, refine_scale2d_stop_iter=100, grow_grad2d=0.5, grow_scale3d=0.05,
+                   prune_opa=0.2, verbose=False)  # fmt: skip
+    ours, theirs = ByteSplatStrategy(seed=3, **options), _GsplatRefines(**options)
+    generator = torch.Generator().manual_seed(2)
+    start = {
+        "means": torch.randn(N, 3, generator=generator),
+        "scales": torch.randn(N, 3, generator=generator) * 0.5 - 3.0,
+        "quats": torch.randn(N, 4, generator=generator),
+        "opacities": torch.randn(N, generator=generator),
+    }
+    runs = []
+    for _ in range(2):
+        params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in start.items()})
+        optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        for optimizer in optimizers.values():
+            optimizer.step()  # Adam's moments exist, as in training
+        runs.append((params, optimizers, ours.initialize_state()))
+    with mock.patch.object(torch.cuda, "empty_cache") as empty_cache:
+        for step in range(1, 13):
+            n = len(runs[0][0]["means"])
+            statistics = {"grad2d": torch.rand(n, generator=generator), "count": torch.ones(n),
+                          "radii": torch.rand(n, generator=generator) * 0.2}  # fmt: skip
+            emptied = []
+            for (params, optimizers, state), strategy in zip(runs, (ours, theirs)):
+                state.update({k: v.clone() for k, v in statistics.items()})
+                torch.manual_seed(3 * 1_000_003 + step)  # ByteSplatStrategy's seed for this step's draws
+                calls = empty_cache.call_count
+                strategy.step_post_backward(params, optimizers, state, step, info={})
+                emptied.append(empty_cache.call_count - calls)
+            assert emptied == [0, int(step % 2 == 0)], step  # gsplat's refines (even steps) empty it; ours never
+            (p_ours, o_ours, s_ours), (p_theirs, o_theirs, s_theirs) = runs
+            for name in p_ours:
+                assert torch.equal(p_ours[name], p_theirs[name]), (step, name)
+                for moment in ("exp_avg", "exp_avg_sq"):
+                    mine, reference = (o[name].state[o[name].param_groups[0]["params"][0]] for o in (o_ours, o_theirs))
+                    assert torch.equal(mine[moment], reference[moment]), (step, name, moment)
+            for key in statistics:
+                assert torch.equal(s_ours[key], s_theirs[key]), (step, key)
+        assert len(runs[0][0]["means"]) != N  # the refines grew or pruned splats
