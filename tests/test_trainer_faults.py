@@ -9,10 +9,9 @@ import time
 
 import pytest
 import torch
-from gsplat.strategy import DefaultStrategy
-
 from bytesplat_ns.demo import ns_tool
 from bytesplat_ns.model import ByteSplatModel
+from bytesplat_ns.strategy import ByteSplatStrategy
 from tests.trainer_setup import make_trainer, small_scene
 
 NAN_STEP = 15
@@ -45,7 +44,7 @@ def test_out_of_memory_while_densifying_saves_and_names_the_cap(tmp_path, monkey
         if step == 12:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(DefaultStrategy, "step_post_backward", out_of_memory)
+    monkeypatch.setattr(ByteSplatStrategy, "step_post_backward", out_of_memory)
     trainer = make_trainer(tmp_path, steps=30)
     with pytest.raises(SystemExit) as exit_info:
         trainer.train()
