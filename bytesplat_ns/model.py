@@ -198,7 +198,8 @@ class ByteSplatModel(SplatfactoModel):
         return torch.nn.Module.load_state_dict(self, state_dict, **kwargs)
 
     def step_post_backward(self, step: int) -> None:
-        """Densify (gsplat's DefaultStrategy, as splatfacto), then keep the splat count under max_splats."""
+        """Densify (ByteSplatStrategy: gsplat's DefaultStrategy schedule, as splatfacto), then keep the splat count
+        under max_splats."""
         try:
             super().step_post_backward(step)
             excess = self.num_points - self.config.max_splats

@@ -1,4 +1,4 @@
-"""Densification that stays identical on every rank: gsplat's DefaultStrategy (splatfacto's), plus three things.
+"""Densification that stays identical on every rank: gsplat's DefaultStrategy (splatfacto's), with these changes.
 
 1. Before each refine, the statistics it reads are reduced over the ranks: the 2D-mean gradient sums and
    the visibility counts are summed, the largest screen radii maxed. Every rank then decides on the same
