@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from bytesplat_ns.demo import ns_tool
 from bytesplat_ns.model import ByteSplatModel
 from bytesplat_ns.strategy import ByteSplatStrategy
