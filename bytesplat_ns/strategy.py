@@ -16,7 +16,7 @@
    next step (and the step graph's next recording) to allocate them from the driver again. PyTorch empties the
    cache by itself when an allocation would otherwise fail, so keeping it costs no usable memory.
 The reduction and the check are the only collectives, and they run at refine steps only. With one process
-(no process group) only point 2 applies.
+(no process group) points 1 and 3 do not apply.
 
 The hooks are DefaultStrategy's `_grow_gs` and `_prune_gs` (gsplat 1.4.0), which `step_post_backward` runs in that
 order at each refine step, before the statistics are reset; it follows gsplat 1.4.0's schedule (when to refine,
