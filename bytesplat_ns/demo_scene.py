@@ -26,6 +26,12 @@ on one Fibonacci spiral over the upper hemisphere, looking at the scene centre; 
 (written as both the val and the test split) are spread evenly along that spiral, between the
 training views. The point cloud is sampled from ray hits of the training views, with the rendered
 (shaded) colour and a little positional noise.
+
+The `room` layout puts the still life inside a closed room (plank floor, a wallpaper of its own
+hue on each wall, a ceiling with a grid) and the cameras inside the room, around the still life,
+each looking its own horizontal way: every pixel is opaque, and each view sees only a part of the
+scene, as in a capture of a room from inside. The key light shines through the ceiling as if it
+were glass (the room's surfaces cast no shadows; the still life's shadows fall on the floor).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +65,13 @@ class DemoSceneConfig:
     """Number of points in the sparse initialisation point cloud."""
     seed: int = 0
     """Seed for the camera jitter, the point sampling and the point noise."""
+    layout: str = "still_life"
+    """still_life: cameras around the objects, transparent background; room: the objects inside a closed room,
+    cameras inside it looking outwards, so that each view sees only a part of the scene."""
 
 
-# Primitives, world units, +Z up: ("box", min corner, max corner) or ("sphere", centre, radius).
-# The index into this list is the object id used by the texture and material tables below.
+# Primitives, world units, +Z up: ("box", min corner, max corner), ("sphere", centre, radius) or ("room", min
+# corner, max corner): a box seen from inside. The index is the object id of the texture and material tables below.
 PRIMITIVES: list[tuple[str, np.ndarray, object]] = [
     ("box", np.array([-0.9, -0.9, -0.25]), np.array([0.9, 0.9, 0.0])),  # 0: plinth
     ("box", np.array([0.15, 0.1, 0.0]), np.array([0.7, 0.65, 0.55])),  # 1: cube
@@ -68,8 +79,11 @@ PRIMITIVES: list[tuple[str, np.ndarray, object]] = [
     ("sphere", np.array([0.45, -0.5, 0.22]), 0.22),  # 3: blue-green sphere
     ("sphere", np.array([-0.5, 0.5, 0.18]), 0.18),  # 4: orange-pink sphere
 ]
-SPECULAR = np.array([0.08, 0.2, 0.45, 0.35, 0.6])  # Blinn-Phong strength per object id
-SHININESS = np.array([8.0, 16.0, 40.0, 30.0, 60.0])  # Blinn-Phong exponent per object id
+ROOM = ("room", np.array([-3.0, -3.0, -0.25]), np.array([3.0, 3.0, 2.5]))  # 5: the room (layout "room")
+LAYOUTS = {"still_life": PRIMITIVES, "room": [*PRIMITIVES, ROOM]}
+SPECULAR = np.array([0.08, 0.2, 0.45, 0.35, 0.6, 0.05])  # Blinn-Phong strength per object id
+SHININESS = np.array([8.0, 16.0, 40.0, 30.0, 60.0, 8.0])  # Blinn-Phong exponent per object id
+WALL_RGB = np.array([[0.62, 0.5, 0.3], [0.3, 0.45, 0.6], [0.55, 0.3, 0.35], [0.35, 0.55, 0.35]])  # -x, +x, -y, +y
 
 KEY_DIR = np.array([0.45, -0.55, 0.7]) / np.linalg.norm([0.45, -0.55, 0.7])  # towards the light
 KEY_RGB = np.array([1.0, 0.95, 0.85])
@@ -81,17 +95,20 @@ GAMMA = 2.2  # shading is computed in linear space, images are gamma encoded
 LOOK_AT = np.array([0.0, 0.0, 0.2])  # all cameras look at this point
 RADIUS_RANGE = (3.6, 4.0)  # camera distance from LOOK_AT
 ELEVATION_RANGE_DEG = (12.0, 65.0)
+ROOM_RADIUS_RANGE = (1.5, 2.3)  # room layout: camera distance from the room's vertical axis
+ROOM_HEIGHT_RANGE = (0.3, 1.4)  # room layout: camera height
+ROOM_PITCH_RANGE_DEG = (-25.0, 10.0)  # room layout: camera pitch (the yaw goes all around)
 FOV_DEG = 48.0  # field of view across the shorter image side
 SUPERSAMPLE = 2  # SxS samples per pixel
 POINT_NOISE = 0.005  # std-dev of the point-cloud position noise, world units
 EPS = 1e-4
 
 
-def _intersect(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _intersect(origins: np.ndarray, dirs: np.ndarray, primitives: list) -> tuple[np.ndarray, np.ndarray]:
     """Nearest hit of rays [N, 3] (unit dirs [N, 3]): distance [N] (inf = miss), object id [N] (-1 = miss)."""
     best_t = np.full(len(origins), np.inf)
     best_id = np.full(len(origins), -1)
-    for obj_id, (kind, a, b) in enumerate(PRIMITIVES):
+    for obj_id, (kind, a, b) in enumerate(primitives):
         if kind == "sphere":
             oc = origins - a  # [N, 3]
             half_b = np.einsum("ij,ij->i", oc, dirs)
@@ -100,7 +117,7 @@ def _intersect(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.nd
             t_near, t_far = -half_b - root, -half_b + root
             t = np.where(t_near > EPS, t_near, np.where(t_far > EPS, t_far, np.inf))
             t = np.where(disc >= 0.0, t, np.inf)
-        else:  # slab test for an axis-aligned box
+        else:  # slab test for an axis-aligned box (from inside a room: the exit)
             with np.errstate(divide="ignore", invalid="ignore"):
                 inv = 1.0 / dirs
                 t0, t1 = (a - origins) * inv, (b - origins) * inv  # [N, 3]
@@ -113,10 +130,10 @@ def _intersect(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.nd
     return best_t, best_id
 
 
-def _normals(points: np.ndarray, obj: np.ndarray) -> np.ndarray:
-    """Outward unit normals [N, 3] at surface points [N, 3] of objects obj [N]."""
+def _normals(points: np.ndarray, obj: np.ndarray, primitives: list) -> np.ndarray:
+    """Unit normals [N, 3] at surface points [N, 3] of objects obj [N], towards the side the cameras see."""
     normals = np.zeros_like(points)
-    for obj_id, (kind, a, b) in enumerate(PRIMITIVES):
+    for obj_id, (kind, a, b) in enumerate(primitives):
         sel = obj == obj_id
         if kind == "sphere":
             normals[sel] = (points[sel] - a) / b
@@ -124,7 +141,8 @@ def _normals(points: np.ndarray, obj: np.ndarray) -> np.ndarray:
             offset = (points[sel] - (a + b) / 2) / ((b - a) / 2)  # [M, 3], in [-1, 1]
             axis = np.argmax(np.abs(offset), axis=1)
             rows = np.arange(len(axis))
-            normals[np.flatnonzero(sel), axis] = np.sign(offset[rows, axis])
+            inward = -1.0 if kind == "room" else 1.0
+            normals[np.flatnonzero(sel), axis] = inward * np.sign(offset[rows, axis])
     return normals
 
 
@@ -158,18 +176,29 @@ def _albedo(points: np.ndarray, normals: np.ndarray, obj: np.ndarray) -> np.ndar
     albedo[s] = _mix((0.05, 0.12, 0.7), (0.15, 0.7, 0.5), 0.5 + 0.5 * n[s, 2])
     s = obj == 4  # orange to pink along x
     albedo[s] = _mix((0.85, 0.4, 0.05), (0.7, 0.1, 0.4), 0.5 + 0.5 * n[s, 0])
+    floor, ceiling = (obj == 5) & (n[:, 2] > 0.5), (obj == 5) & (n[:, 2] < -0.5)
+    wall = (obj == 5) & ~floor & ~ceiling
+    plank = np.floor(p[floor, 1] / 0.2)  # floor: planks 0.2 wide along x, each its own shade, with a grain
+    shade = (plank * 0.618034) % 1.0 + 0.15 * np.sin(p[floor, 0] * 23.0 + plank)
+    albedo[floor] = _mix((0.42, 0.26, 0.13), (0.66, 0.45, 0.24), np.clip(shade, 0.0, 1.0))
+    ceiling_grid = _checker(p[ceiling, :2], 0.5)
+    albedo[ceiling] = _mix((0.9, 0.88, 0.82), (0.75, 0.74, 0.7), ceiling_grid)
+    side = np.where(np.abs(n[wall, 0]) > 0.5, n[wall, 0] < 0, 2 + (n[wall, 1] < 0))  # -x, +x, -y, +y wall
+    paper = 0.5 * _checker(p[wall], 0.3) + 0.3 * (np.sin(p[wall, :2].sum(axis=1) * 9.0) > 0.6)  # [M] in [0, 0.8]
+    dado = (p[wall, 2] < 0.6)[:, None]  # a darker band along the floor
+    albedo[wall] = WALL_RGB[side] * (1.0 - 0.6 * paper[:, None]) * np.where(dado, 0.55, 1.0)
     return albedo
 
 
-def _shade(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _shade(origins: np.ndarray, dirs: np.ndarray, primitives: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Trace rays [N, 3]: gamma-encoded colour [N, 3] in [0, 1], hit mask [N], hit points [N, 3]."""
-    t, obj = _intersect(origins, dirs)
+    t, obj = _intersect(origins, dirs, primitives)
     hit = obj >= 0
     rgb = np.zeros_like(origins)
     points = origins + dirs * np.where(hit, t, 0.0)[:, None]  # [N, 3]
     p, d, o = points[hit], dirs[hit], obj[hit]
-    n = _normals(p, o)  # [M, 3]
-    _, blocker = _intersect(p + n * 1e-3, np.broadcast_to(KEY_DIR, p.shape))
+    n = _normals(p, o, primitives)  # [M, 3]
+    _, blocker = _intersect(p + n * 1e-3, np.broadcast_to(KEY_DIR, p.shape), PRIMITIVES)  # the room casts none
     lit = (blocker < 0).astype(np.float64)[:, None]  # [M, 1], 0 where the key light is shadowed
     key = np.clip(n @ KEY_DIR, 0.0, None)[:, None] * lit
     fill = np.clip(n @ FILL_DIR, 0.0, None)[:, None]
@@ -183,17 +212,9 @@ def _shade(origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _camera_poses(config: DemoSceneConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Camera-to-world matrices [N, 4, 4] on a jittered Fibonacci spiral, and held-out flags [N]."""
+    """Camera-to-world matrices [N, 4, 4] of the config's layout, and held-out flags [N] (spread evenly)."""
     total = config.num_train + config.num_eval
-    index = np.arange(total)
-    lo, hi = (math.sin(math.radians(e)) for e in ELEVATION_RANGE_DEG)
-    height = lo + (hi - lo) * (index + 0.5 + rng.uniform(-0.3, 0.3, total)) / total  # [N] sin(elevation)
-    azimuth = index * math.pi * (3.0 - math.sqrt(5.0)) + rng.uniform(-0.15, 0.15, total)  # golden angle
-    radius = rng.uniform(*RADIUS_RANGE, total)
-    ring = np.sqrt(1.0 - height**2)
-    offsets = np.stack([ring * np.cos(azimuth), ring * np.sin(azimuth), height], axis=1)  # [N, 3]
-    positions = LOOK_AT + radius[:, None] * offsets
-    forward = -offsets  # unit vectors towards LOOK_AT
+    positions, forward = (_room_views if config.layout == "room" else _orbit_views)(total, rng)  # [N, 3] each
     right = np.cross(forward, [0.0, 0.0, 1.0])
     right /= np.linalg.norm(right, axis=1, keepdims=True)
     up = np.cross(right, forward)
@@ -204,7 +225,33 @@ def _camera_poses(config: DemoSceneConfig, rng: np.random.Generator) -> tuple[np
     return c2w, is_eval
 
 
-def _render_view(c2w: np.ndarray, focal: float, width: int, height: int):
+def _orbit_views(total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Still life: positions [N, 3] on a jittered Fibonacci spiral around LOOK_AT, unit forward vectors [N, 3]
+    towards it."""
+    index = np.arange(total)
+    lo, hi = (math.sin(math.radians(e)) for e in ELEVATION_RANGE_DEG)
+    height = lo + (hi - lo) * (index + 0.5 + rng.uniform(-0.3, 0.3, total)) / total  # [N] sin(elevation)
+    azimuth = index * math.pi * (3.0 - math.sqrt(5.0)) + rng.uniform(-0.15, 0.15, total)  # golden angle
+    radius = rng.uniform(*RADIUS_RANGE, total)
+    ring = np.sqrt(1.0 - height**2)
+    offsets = np.stack([ring * np.cos(azimuth), ring * np.sin(azimuth), height], axis=1)  # [N, 3]
+    return LOOK_AT + radius[:, None] * offsets, -offsets
+
+
+def _room_views(total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Room: positions [N, 3] around the still life, each looking its own horizontal way (yaws spread by the golden
+    ratio, so that the views together cover every direction), unit forward vectors [N, 3]."""
+    around = rng.uniform(0.0, 2.0 * math.pi, total)  # where the camera stands
+    radius = rng.uniform(*ROOM_RADIUS_RANGE, total)
+    height = rng.uniform(*ROOM_HEIGHT_RANGE, total)
+    positions = np.stack([radius * np.cos(around), radius * np.sin(around), height], axis=1)  # [N, 3]
+    yaw = 2.0 * math.pi * ((np.arange(total) * 0.618034 + rng.uniform(-0.05, 0.05, total)) % 1.0)
+    pitch = np.radians(rng.uniform(*ROOM_PITCH_RANGE_DEG, total))
+    forward = np.stack([np.cos(pitch) * np.cos(yaw), np.cos(pitch) * np.sin(yaw), np.sin(pitch)], axis=1)
+    return positions, forward
+
+
+def _render_view(c2w: np.ndarray, focal: float, width: int, height: int, layout: str):
     """Render one camera: straight-alpha RGBA [H, W, 4] in [0, 1], hit points [M, 3], colours [M, 3]."""
     s = SUPERSAMPLE
     u = (np.arange(width * s) + 0.5) / s  # sub-pixel x coordinates, pixel i covers [i, i + 1)
@@ -214,7 +261,7 @@ def _render_view(c2w: np.ndarray, focal: float, width: int, height: int):
     dirs = cam_dirs.reshape(-1, 3) @ c2w[:3, :3].T  # [sH*sW, 3]
     dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
     origins = np.broadcast_to(c2w[:3, 3], dirs.shape)
-    rgb, hit, points = _shade(origins, dirs)
+    rgb, hit, points = _shade(origins, dirs, LAYOUTS[layout])
     hits = hit.reshape(height, s, width, s).astype(np.float64)
     alpha = hits.mean(axis=(1, 3))  # [H, W]
     colour_sum = (rgb * hit[:, None]).reshape(height, s, width, s, 3).sum(axis=(1, 3))  # [H, W, 3]
@@ -237,13 +284,30 @@ def _write_ply(path: Path, xyz: np.ndarray, rgb: np.ndarray) -> None:
         f.write(data.tobytes())
 
 
-def generate_demo_scene(output_dir: Path, config: DemoSceneConfig = DemoSceneConfig()) -> Path:
-    """Write the scene into output_dir (created if needed); returns output_dir.
+def _renders(c2w: np.ndarray, focal: float, config: DemoSceneConfig, workers: int) -> Iterator[tuple]:
+    """_render_view of each camera [N, 4, 4], in order; with workers > 1, that many at once in other processes
+    (a batch at a time, so that at most `workers` views' hit points are held)."""
+    if workers <= 1:
+        yield from (_render_view(pose, focal, config.width, config.height, config.layout) for pose in c2w)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for start in range(0, len(c2w), workers):
+            batch = list(c2w[start : start + workers])
+            n = len(batch)
+            yield from pool.map(_render_view, batch, [focal] * n, [config.width] * n, [config.height] * n,
+                                [config.layout] * n)  # fmt: skip
 
-    Deterministic: the same config gives byte-identical files.
+
+def generate_demo_scene(output_dir: Path, config: DemoSceneConfig = DemoSceneConfig(), workers: int = 1) -> Path:
+    """Write the scene into output_dir (created if needed); returns output_dir. `workers`: views rendered at once,
+    each in its own process (a 1920x1080 view takes seconds and gigabytes).
+
+    Deterministic: the same config gives byte-identical files, with any number of workers.
     """
     if min(config.width, config.height, config.num_train, config.num_eval, config.num_points) < 1:
         raise ValueError(f"All sizes and counts must be positive, got {config}")
+    if config.layout not in LAYOUTS:
+        raise ValueError(f"Unknown layout {config.layout!r}; use one of {sorted(LAYOUTS)}")
     output_dir = Path(output_dir)
     (output_dir / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(config.seed)
@@ -251,8 +315,7 @@ def generate_demo_scene(output_dir: Path, config: DemoSceneConfig = DemoSceneCon
     focal = 0.5 * min(config.width, config.height) / math.tan(math.radians(FOV_DEG) / 2)
     per_view = math.ceil(config.num_points / config.num_train)
     frames, train_names, eval_names, cloud_xyz, cloud_rgb = [], [], [], [], []
-    for i, pose in enumerate(c2w):
-        rgba, hit_xyz, hit_rgb = _render_view(pose, focal, config.width, config.height)
+    for i, (pose, (rgba, hit_xyz, hit_rgb)) in enumerate(zip(c2w, _renders(c2w, focal, config, workers))):
         name = f"images/frame_{i:05d}.png"
         pixels = np.round(rgba * 255.0).astype(np.uint8)  # [H, W, 4]
         Image.fromarray(pixels).save(output_dir / name)
@@ -299,9 +362,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--num-eval", type=int, default=defaults.num_eval, help="number of held-out views")
     parser.add_argument("--num-points", type=int, default=defaults.num_points, help="point-cloud size")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default=defaults.layout,
+                        help="still_life: cameras around the objects; room: inside a room around them")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=1, help="views rendered at once, each in its own process")
     args = parser.parse_args(argv)
-    config = DemoSceneConfig(args.width, args.height, args.num_train, args.num_eval, args.num_points, args.seed)
-    out = generate_demo_scene(args.output, config)
+    config = DemoSceneConfig(
+        args.width, args.height, args.num_train, args.num_eval, args.num_points, args.seed, args.layout
+    )
+    out = generate_demo_scene(args.output, config, workers=args.workers)
     print(f"Wrote demo scene ({config.num_train} train + {config.num_eval} held-out views) to {out.resolve()}")
 
 

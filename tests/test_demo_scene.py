@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from plyfile import PlyData
 
-from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene, main
+from bytesplat_ns.demo_scene import ROOM, DemoSceneConfig, generate_demo_scene, main
 
 WIDTH = 32
 HEIGHT = 24  # deliberately not equal to WIDTH
@@ -22,9 +23,23 @@ TINY = DemoSceneConfig(width=WIDTH, height=HEIGHT, num_train=NUM_TRAIN, num_eval
 SPLITS = ("train", "val", "test")
 
 
+ROOM_VIEW_SHARE = 0.6
+"""A room view sees less than this share of the room's point cloud, on average."""
+
+
+@pytest.fixture(scope="module", params=["still_life", "room"])
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def scene_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return generate_demo_scene(tmp_path_factory.mktemp("demo") / "scene", TINY)
+def scene_dir(layout: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_demo_scene(tmp_path_factory.mktemp(layout) / "scene", dataclasses.replace(TINY, layout=layout))
+
+
+@pytest.fixture(scope="module")
+def room_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_demo_scene(tmp_path_factory.mktemp("room") / "scene", dataclasses.replace(TINY, layout="room"))
 
 
 def _all_files(root: Path) -> dict:
@@ -63,15 +78,44 @@ def test_layout(scene_dir: Path) -> None:
         np.testing.assert_allclose(c2w[3], [0.0, 0.0, 0.0, 1.0])
 
 
-def test_deterministic(scene_dir: Path, tmp_path: Path) -> None:
-    again = _all_files(generate_demo_scene(tmp_path / "again", TINY))
+def test_deterministic(scene_dir: Path, layout: str, tmp_path: Path) -> None:
+    config = dataclasses.replace(TINY, layout=layout)
+    again = _all_files(generate_demo_scene(tmp_path / "again", config))
     assert again == _all_files(scene_dir)
-    other_seed = dataclasses.replace(TINY, seed=TINY.seed + 1)
+    other_seed = dataclasses.replace(config, seed=TINY.seed + 1)
     different = _all_files(generate_demo_scene(tmp_path / "other", other_seed))
     assert different["transforms.json"] != again["transforms.json"]
 
 
-def test_images_are_rgba_with_coverage(scene_dir: Path) -> None:
+def test_workers_write_the_same_files(room_dir: Path, tmp_path: Path) -> None:
+    config = dataclasses.replace(TINY, layout="room")
+    assert _all_files(generate_demo_scene(tmp_path / "two", config, workers=2)) == _all_files(room_dir)
+
+
+def test_room_views_are_opaque_and_each_sees_a_part(room_dir: Path) -> None:
+    for path in sorted((room_dir / "images").glob("*.png")):
+        assert (np.asarray(Image.open(path))[..., 3] == 255).all(), f"{path.name}: the room leaves no pixel empty"
+    meta = json.loads((room_dir / "transforms.json").read_text())
+    c2w = np.array([frame["transform_matrix"] for frame in meta["frames"]])  # [N, 4, 4]
+    _, lo, hi = ROOM
+    assert ((c2w[:, :3, 3] > lo) & (c2w[:, :3, 3] < hi)).all(), "a camera stands outside the room"
+    vertices = PlyData.read(room_dir / meta["ply_file_path"])["vertex"]
+    xyz = np.stack([vertices[axis] for axis in "xyz"], axis=1).astype(np.float64)  # [P, 3], the cameras' frame
+    shares = []
+    for pose in c2w:
+        local = (xyz - pose[:3, 3]) @ pose[:3, :3]  # [P, 3], camera looking down -z
+        depth = -local[:, 2]
+        u = meta["fl_x"] * local[:, 0] / np.maximum(depth, 1e-9)
+        v = meta["fl_y"] * local[:, 1] / np.maximum(depth, 1e-9)
+        seen = (depth > 0) & (np.abs(u) < meta["w"] / 2) & (np.abs(v) < meta["h"] / 2)
+        shares.append(seen.mean())
+    assert 0.0 < np.mean(shares) < ROOM_VIEW_SHARE, shares
+    assert min(shares) > 0.0, "a view sees none of the point cloud"
+
+
+def test_images_are_rgba_with_coverage(scene_dir: Path, layout: str) -> None:
+    if layout == "room":
+        pytest.skip("the room layout has no background (test_room_views_are_opaque_and_each_sees_a_part)")
     for path in sorted((scene_dir / "images").glob("*.png")):
         image = Image.open(path)
         assert image.mode == "RGBA"
@@ -102,7 +146,7 @@ def test_parsers_load_splits(scene_dir: Path, parser: str) -> None:
 
 
 @pytest.mark.parametrize("parser", PARSERS)
-def test_point_cloud(scene_dir: Path, parser: str) -> None:
+def test_point_cloud(scene_dir: Path, layout: str, parser: str) -> None:
     out = _parse(scene_dir, "train", parser)
     xyz, rgb = out.metadata["points3D_xyz"], out.metadata["points3D_rgb"]
     assert tuple(xyz.shape) == (NUM_POINTS, 3)
@@ -110,8 +154,9 @@ def test_point_cloud(scene_dir: Path, parser: str) -> None:
     assert str(rgb.dtype) == "torch.uint8"
     assert int(rgb.max()) > 0, "point colours are all black"
     assert int(rgb.min()) < 255, "point colours are all white"
-    aabb = out.scene_box.aabb  # [2, 3]
-    assert bool(((xyz >= aabb[0]) & (xyz <= aabb[1])).all()), "points fall outside the scene box"
+    if layout == "still_life":  # the room's walls lie beyond its cameras, so beyond the scene box
+        aabb = out.scene_box.aabb  # [2, 3]
+        assert bool(((xyz >= aabb[0]) & (xyz <= aabb[1])).all()), "points fall outside the scene box"
 
 
 def test_both_parsers_read_the_same_points(scene_dir: Path) -> None:
@@ -128,6 +173,16 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert str(out.resolve()) in capsys.readouterr().out
 
 
+def test_cli_room_layout(tmp_path: Path) -> None:
+    out = tmp_path / "cli-room"
+    main(["--output", str(out), "--width", "20", "--height", "16", "--num-train", "3", "--num-eval", "1",
+          "--layout", "room", "--workers", "2"])  # fmt: skip
+    image = np.asarray(Image.open(out / "images" / "frame_00000.png"))  # [H, W, 4]
+    assert image.shape == (16, 20, 4) and (image[..., 3] == 255).all()
+
+
 def test_rejects_empty_config(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         generate_demo_scene(tmp_path / "bad", DemoSceneConfig(num_eval=0))
+    with pytest.raises(ValueError, match="layout"):
+        generate_demo_scene(tmp_path / "bad", DemoSceneConfig(layout="street"))
