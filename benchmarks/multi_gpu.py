@@ -1,14 +1,17 @@
-"""Multi-GPU bytesplat (issue #4) on the H200 x2 machine: scaling on lego and exchange bytes on a 2M-splat room.
+"""Multi-GPU bytesplat (issue #4) on the H200 x2 machine: scaling on lego (and on a generated 2M-splat room), and
+exchange bytes on a 2M-splat room.
 
 1. lego: `ns-train bytesplat` on 1 GPU and on 2 GPUs with the same number of training views (the 2-GPU run
    takes half the steps), each run alone on the machine, for each of --seeds; views per second over the
    training steps, held-out PSNR on the test split (ns-eval), bytes sent by the compacted exchange against
-   a dense all-reduce (bytesplat_stats.json); means over the seeds.
-2. room: 2,000,000 splats on the walls of a closed room, 2 GPUs, each rendering (gsplat, 1920x1080) a
+   a dense all-reduce (bytesplat_stats.json); means over the seeds (scaling_runs.py).
+2. room exchange: 2,000,000 splats on the walls of a closed room, 2 GPUs, each rendering (gsplat, 1920x1080) a
    camera inside the room looking a random way, L1 loss, backward; then the splat gradients are averaged
    by the compacted exchange (fp32 and fp16 values) and by a dense NCCL all-reduce: bytes and time of each.
+3. with --room-views: the same as 1 on the built-in generator's room at 1920x1080 with 2M splats (scaling_runs.py),
+   a scene whose step is bound by the GPU and whose views each see a part of it.
 Writes benchmarks/results/multi_gpu.json (or --json) and prints a table last. Run there:
-    python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000 --seeds 42 43
+    python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000 --seeds 42 43 [--room-views 2000]
 and more seeds in a later call with --add-to <that JSON>.
 """
 
@@ -19,19 +22,20 @@ import json
 import math
 import os
 import shlex
-import subprocess
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, median, stdev
-from typing import IO
+from statistics import median
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bytesplat_ns.grad_compaction import SparseRowExchange
-from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize
+sys.path.insert(0, str(Path(__file__).parent))
+from scaling_runs import finish_run, lego_scene, print_runs, room_scene, scaling_summary, start_run, train_run  # noqa: E402
+
+from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
+from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOM_SPLATS = 2_000_000
@@ -39,93 +43,7 @@ ROOM_HALF = 5.0
 """The room is the cube [-5, 5]^3; splats lie on its six walls."""
 ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
-
-
-@dataclass
-class LegoJob:
-    """A lego training run started in the background."""
-
-    process: subprocess.Popen
-    run_dir: Path
-    started: float
-    log: IO[str]
-    gpus: int
-    exchange: str
-    views: int
-
-
-def start_lego(data: Path, views: int, gpus: int, out: Path, name: str, exchange: str = "compact",
-               profile_steps: int = 0, extra: list[str] = (), env: dict | None = None) -> LegoJob:  # fmt: skip
-    """Start `ns-train bytesplat` on lego in the background."""
-    cmd = [
-        "ns-train", "bytesplat", "--data", str(data), "--max-num-iterations", str(views),
-        "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", "lego",
-        "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
-        "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
-        "--profile-steps", str(profile_steps), "--profile-start", str(views // 2), *extra,
-        "--pipeline.model.background-color", "white", "blender-data",
-    ]  # fmt: skip
-    print("$ " + " ".join(cmd), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    log = open(out / f"lego-{name}.log", "w")  # noqa: SIM115 (closed in finish_lego)
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    return LegoJob(process, out / "lego" / "bytesplat" / name, time.perf_counter(), log, gpus, exchange, views)
-
-
-def finish_lego(job: LegoJob, evaluate: bool = True) -> dict:
-    """Wait for a run from start_lego; its stats (and with `evaluate`, ns-eval's test PSNR/SSIM)."""
-    if job.process.wait() != 0:
-        raise RuntimeError(f"ns-train failed (exit {job.process.returncode}); see {job.log.name}")
-    wall = time.perf_counter() - job.started
-    job.log.close()
-    run_dir = job.run_dir
-    stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
-    others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
-    profiles = [json.loads(p.read_text()) for p in sorted(run_dir.glob("step_profile*.json"))]
-    record = {
-        "gpus": job.gpus,
-        "exchange": job.exchange,
-        "views": job.views,
-        "wall_s": wall,
-        **stats,
-        "phase_ms_other_ranks": others,
-        "step_profiles": profiles,
-    }
-    if not evaluate:
-        return record
-    evaluate = ["ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(run_dir / "eval.json")]
-    subprocess.run(evaluate, check=True, stdout=subprocess.DEVNULL)
-    test = json.loads((run_dir / "eval.json").read_text())["results"]
-    return {**record, "test_psnr": test["psnr"], "test_ssim": test["ssim"]}
-
-
-def train_lego(data: Path, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True,
-               profile_steps: int = 0, extra: list[str] = (), seed: int | None = None) -> dict:  # fmt: skip
-    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}") + ("" if seed is None else f"-s{seed}")
-    extra = [*extra, *([] if seed is None else ["--machine.seed", str(seed)])]
-    record = finish_lego(start_lego(data, views, gpus, out, name, exchange, profile_steps, extra), evaluate)
-    return {**record, "seed": seed}
-
-
-def lego_summary(runs: list[dict]) -> dict:
-    """Means over seeds of the 1- and 2-GPU runs (each run alone on the machine)."""
-    by_gpus = {g: [r for r in runs if r["gpus"] == g] for g in (1, 2)}
-    speed = {g: mean(r["views_per_second"] for r in rs) for g, rs in by_gpus.items()}
-    psnr = {g: [r["test_psnr"] for r in sorted(rs, key=lambda r: r["seed"])] for g, rs in by_gpus.items()}
-    return {
-        "views_seen": runs[0]["views"],
-        "seeds": sorted({r["seed"] for r in runs}),
-        "views_per_s_1gpu": speed[1],
-        "views_per_s_2gpu": speed[2],
-        "scaling_2gpu": speed[2] / speed[1],
-        "psnr_1gpu": mean(psnr[1]),
-        "psnr_2gpu": mean(psnr[2]),
-        "psnr_1gpu_seeds": psnr[1],
-        "psnr_2gpu_seeds": psnr[2],
-        "psnr_std_1gpu": stdev(psnr[1]) if len(psnr[1]) > 1 else None,
-        "psnr_std_2gpu": stdev(psnr[2]) if len(psnr[2]) > 1 else None,
-        "comm_bytes_reduction_lego": mean(r["exchange_reduction"] for r in by_gpus[2]),
-    }
+ROOM_TRAINING = "demo_scene.py's room layout, 1920x1080, 24 training views from inside, 2M splats, no refine"
 
 
 def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
@@ -133,8 +51,8 @@ def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
     two busy processes slow each other's host)."""
     if probe == "1x2":
         jobs = [
-            start_lego(
-                args.data,
+            start_run(
+                lego_scene(args.data),
                 args.views,
                 1,
                 args.out,
@@ -145,9 +63,9 @@ def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
             )  # fmt: skip
             for g in (0, 1)
         ]
-        return [{"probe": f"1x2 gpu{g}", **finish_lego(job, evaluate=False)} for g, job in enumerate(jobs)]
+        return [{"probe": f"1x2 gpu{g}", **finish_run(job, evaluate=False)} for g, job in enumerate(jobs)]
     gpus, _, exchange = probe.partition(":")
-    run = train_lego(args.data, args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
+    run = train_run(lego_scene(args.data), args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
                      profile_steps=args.profile, extra=args.train_args)  # fmt: skip
     return [{"probe": probe, **run}]
 
@@ -289,10 +207,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-multi-gpu"))
     parser.add_argument("--json", type=Path, default=HERE / "results" / "multi_gpu.json")
     parser.add_argument("--skip-lego", action="store_true")
+    parser.add_argument("--room-views", type=int, default=0,
+                        help="also train the generated 1920x1080 room (scaling_runs.py) on 1 and 2 GPUs with this many "
+                             "views per run, for each of --seeds; 0: not")  # fmt: skip
+    parser.add_argument("--room-dir", type=Path, default=Path("/tmp/room-scene"),
+                        help="where the room is generated (once; an existing one is used)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="lego: one 2-GPU and one 1-GPU run each")
     parser.add_argument("--add-to", type=Path, default=None,
-                        help="a JSON written by an earlier call: keep its room result and lego runs, add this call's "
-                             "lego runs (more seeds), skip the room")  # fmt: skip
+                        help="a JSON written by an earlier call: keep its room result and training runs, add this "
+                             "call's runs (more seeds), skip the room exchange measurement")  # fmt: skip
     parser.add_argument(
         "--probe",
         nargs="+",
@@ -329,26 +252,41 @@ def main() -> None:
                       f"{prof['launches']:7.0f} {prof['syncs']:6.1f} {prof['sync_wait_ms']:8.2f}  "
                       f"{list(prof['sync_sources'].items())[:4]}")  # fmt: skip
         return
-    earlier = json.loads(args.add_to.read_text()) if args.add_to else None
+    earlier = json.loads(args.add_to.read_text()) if args.add_to else {}
     room = earlier["room_2m"] if earlier else measure_room(args.out, smoke=args.cpu_smoke)
     if args.cpu_smoke:
         print(json.dumps(room, indent=2))
         return
     print(json.dumps(room, indent=2), flush=True)
     record: dict = {"gpu": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}", "room_2m": room}
+
+    def save() -> None:  # what is done so far, should a later run fail
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+
+    def alternating(index: int) -> tuple[int, int]:  # 2 then 1 GPU for the first seed, 1 then 2 for the next, ...
+        return (2, 1) if index % 2 == 0 else (1, 2)
+
     if not args.skip_lego:
-        runs = earlier["lego_runs"] if earlier else []
+        lego, runs = lego_scene(args.data), earlier.get("lego_runs", [])
         if args.warmup_views > 0:
-            train_lego(args.data, args.warmup_views, 2, args.out / "warmup", evaluate=False, extra=args.train_args)
-        for index, seed in enumerate(args.seeds):  # the order alternates: 2 then 1 GPU, 1 then 2, ...
-            runs += [train_lego(args.data, args.views, gpus, args.out, extra=args.train_args, seed=seed)
-                     for gpus in ((2, 1) if index % 2 == 0 else (1, 2))]  # fmt: skip
-            record.update(lego_summary(runs), lego_runs=runs)
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(record, indent=2) + "\n")  # what is done so far, should a later run fail
+            train_run(lego, args.warmup_views, 2, args.out / "warmup", evaluate=False, extra=args.train_args)
+        for index, seed in enumerate(args.seeds):
+            runs += [train_run(lego, args.views, gpus, args.out, extra=args.train_args, seed=seed)
+                     for gpus in alternating(index)]  # fmt: skip
+            summary = scaling_summary(runs)
+            summary["comm_bytes_reduction_lego"] = summary.pop("comm_bytes_reduction")
+            record.update(summary, lego_runs=runs)
+            save()
+    if args.room_views > 0:
+        room_training, runs = room_scene(args.room_dir), earlier.get("room_training", {}).get("runs", [])
+        for index, seed in enumerate(args.seeds):
+            runs += [train_run(room_training, args.room_views, gpus, args.out, extra=args.train_args, seed=seed)
+                     for gpus in alternating(index)]  # fmt: skip
+            record["room_training"] = {"scene": ROOM_TRAINING, **scaling_summary(runs), "runs": runs}
+            save()
     record["comm_bytes_reduction"] = room["reduction_fp32"]
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    save()
     print(f"\n{record['gpu']}")
     print(f"room 2M splats, 1920x1080, 2 GPUs: visible {100 * room['visible_fraction_mean']:.1f}% per view; "
           f"compacted fp32 {room['compact_fp32_bytes'] / 2**20:.1f} MiB ({100 * room['reduction_fp32']:.1f}% less), "
@@ -357,15 +295,9 @@ def main() -> None:
           f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms; with the pack/unpack kernels "
           f"{room.get('compact_fp32_kernels_ms_median', float('nan')):.2f} ms")  # fmt: skip
     if not args.skip_lego:
-        print(f"{'lego':<6} {'seed':>5} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
-        for run in sorted(record["lego_runs"], key=lambda r: (r["gpus"], r["seed"])):
-            less = "-" if run["exchange_reduction"] is None else f"{100 * run['exchange_reduction']:.1f}%"
-            print(f"{run['gpus']} GPU  {run['seed']:5d} {run['views']:6d} {run['views_per_second']:8.1f} "
-                  f"{run['test_psnr']:7.2f} {less:>10} {run['wall_s']:7.0f}")  # fmt: skip
-        print(
-            f"scaling 2 GPUs / 1 GPU: {record['scaling_2gpu']:.2f}x (mean views/s over seeds); PSNR "
-            f"{record['psnr_2gpu']:.2f} vs {record['psnr_1gpu']:.2f} dB (2 vs 1 GPU, mean over seeds)"
-        )
+        print_runs("lego", record["lego_runs"], record)
+    if "room_training" in record:
+        print_runs("room", record["room_training"]["runs"], record["room_training"])
 
 
 if __name__ == "__main__":

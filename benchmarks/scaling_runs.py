@@ -1,0 +1,157 @@
+"""Training runs of the multi-GPU scaling benchmark (multi_gpu.py, issue #4): `ns-train bytesplat` on one scene with
+1 and with 2 GPUs and the same number of training views, each run alone on the machine.
+
+Two scenes:
+- `lego` (blender-data, white background): splatfacto's schedule, densification on; a step is short (about 1 ms
+  on one H200 with the step graph), so fixed costs (refines, the exchange) weigh on it;
+- `room` (the built-in generator's room layout, demo_scene.py): the still life inside a closed room at 1920x1080,
+  24 training views from inside, 2,000,000 initial splats, full resolution from the first step and no refine (as
+  step_time.py's 1080p scene), so every run trains the same 2M splats; each view sees only a part of the room,
+  so each rank's gradients touch only part of the rows: the case the compacted exchange is for.
+A run's record: bytesplat_stats.json (views per second over the training steps, phases, exchange bytes), and
+ns-eval's PSNR/SSIM on the held-out views.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean, stdev
+from typing import IO
+
+from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
+
+ROOM_SCENE = DemoSceneConfig(width=1920, height=1080, num_train=24, num_eval=4, num_points=2_000_000, layout="room")
+ROOM_OPTIONS = ("--pipeline.model.num-downscales", "0", "--pipeline.model.warmup-length", "1000000000")
+"""Full resolution from the first step; no refine (densification starts after the warm-up): 2M splats throughout."""
+
+
+@dataclass(frozen=True)
+class TrainScene:
+    """What the runs train on."""
+
+    name: str
+    """lego or room (the run folders' experiment name)."""
+    data: Path
+    """The scene's folder."""
+    options: tuple[str, ...]
+    """ns-train options of the scene (before the dataparser)."""
+    dataparser: str
+    """The dataparser subcommand."""
+
+
+def lego_scene(data: Path) -> TrainScene:
+    return TrainScene("lego", data, ("--pipeline.model.background-color", "white"), "blender-data")
+
+
+def room_scene(folder: Path) -> TrainScene:
+    """The room (ROOM_SCENE), generated into `folder` unless it is there (some 30-60 s with 16 processes)."""
+    if not (folder / "transforms.json").exists():
+        began = time.perf_counter()
+        generate_demo_scene(folder, ROOM_SCENE, workers=min(16, os.cpu_count() or 1))
+        print(f"room scene generated in {time.perf_counter() - began:.0f} s: {folder}", flush=True)
+    return TrainScene("room", folder, ROOM_OPTIONS, "bytesplat-data")
+
+
+@dataclass
+class TrainJob:
+    """A training run started in the background."""
+
+    process: subprocess.Popen
+    run_dir: Path
+    started: float
+    log: IO[str]
+    gpus: int
+    exchange: str
+    views: int
+
+
+def start_run(scene: TrainScene, views: int, gpus: int, out: Path, name: str, exchange: str = "compact",
+              profile_steps: int = 0, extra: list[str] = (), env: dict | None = None) -> TrainJob:  # fmt: skip
+    """Start `ns-train bytesplat` on `scene` in the background."""
+    cmd = [
+        "ns-train", "bytesplat", "--data", str(scene.data), "--max-num-iterations", str(views),
+        "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", scene.name,
+        "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
+        "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
+        "--profile-steps", str(profile_steps), "--profile-start", str(views // 2), *scene.options, *extra,
+        scene.dataparser,
+    ]  # fmt: skip
+    print("$ " + " ".join(cmd), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / f"{scene.name}-{name}.log", "w")  # noqa: SIM115 (closed in finish_run)
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return TrainJob(process, out / scene.name / "bytesplat" / name, time.perf_counter(), log, gpus, exchange, views)
+
+
+def finish_run(job: TrainJob, evaluate: bool = True) -> dict:
+    """Wait for a run from start_run; its stats (and with `evaluate`, ns-eval's test PSNR/SSIM)."""
+    if job.process.wait() != 0:
+        raise RuntimeError(f"ns-train failed (exit {job.process.returncode}); see {job.log.name}")
+    wall = time.perf_counter() - job.started
+    job.log.close()
+    run_dir = job.run_dir
+    stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
+    others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
+    profiles = [json.loads(p.read_text()) for p in sorted(run_dir.glob("step_profile*.json"))]
+    record = {
+        "gpus": job.gpus,
+        "exchange": job.exchange,
+        "views": job.views,
+        "wall_s": wall,
+        **stats,
+        "phase_ms_other_ranks": others,
+        "step_profiles": profiles,
+    }
+    if not evaluate:
+        return record
+    evaluate = ["ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(run_dir / "eval.json")]
+    subprocess.run(evaluate, check=True, stdout=subprocess.DEVNULL)
+    test = json.loads((run_dir / "eval.json").read_text())["results"]
+    return {**record, "test_psnr": test["psnr"], "test_ssim": test["ssim"]}
+
+
+def train_run(scene: TrainScene, views: int, gpus: int, out: Path, exchange: str = "compact", evaluate: bool = True,
+              profile_steps: int = 0, extra: list[str] = (), seed: int | None = None) -> dict:  # fmt: skip
+    name = f"gpus{gpus}" + ("" if exchange == "compact" else f"-{exchange}") + ("" if seed is None else f"-s{seed}")
+    extra = [*extra, *([] if seed is None else ["--machine.seed", str(seed)])]
+    record = finish_run(start_run(scene, views, gpus, out, name, exchange, profile_steps, extra), evaluate)
+    return {**record, "seed": seed}
+
+
+def scaling_summary(runs: list[dict]) -> dict:
+    """Means over seeds of the 1- and 2-GPU runs (each run alone on the machine)."""
+    by_gpus = {g: [r for r in runs if r["gpus"] == g] for g in (1, 2)}
+    speed = {g: mean(r["views_per_second"] for r in rs) for g, rs in by_gpus.items()}
+    psnr = {g: [r["test_psnr"] for r in sorted(rs, key=lambda r: r["seed"])] for g, rs in by_gpus.items()}
+    return {
+        "views_seen": runs[0]["views"],
+        "seeds": sorted({r["seed"] for r in runs}),
+        "views_per_s_1gpu": speed[1],
+        "views_per_s_2gpu": speed[2],
+        "scaling_2gpu": speed[2] / speed[1],
+        "psnr_1gpu": mean(psnr[1]),
+        "psnr_2gpu": mean(psnr[2]),
+        "psnr_1gpu_seeds": psnr[1],
+        "psnr_2gpu_seeds": psnr[2],
+        "psnr_std_1gpu": stdev(psnr[1]) if len(psnr[1]) > 1 else None,
+        "psnr_std_2gpu": stdev(psnr[2]) if len(psnr[2]) > 1 else None,
+        "comm_bytes_reduction": mean(r["exchange_reduction"] for r in by_gpus[2]),
+    }
+
+
+def print_runs(scene: str, runs: list[dict], summary: dict) -> None:
+    """One row per run, then the scaling line."""
+    print(f"{scene:<6} {'seed':>5} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
+    for run in sorted(runs, key=lambda r: (r["gpus"], r["seed"])):
+        less = "-" if run["exchange_reduction"] is None else f"{100 * run['exchange_reduction']:.1f}%"
+        print(f"{run['gpus']} GPU  {run['seed']:5d} {run['views']:6d} {run['views_per_second']:8.1f} "
+              f"{run['test_psnr']:7.2f} {less:>10} {run['wall_s']:7.0f}")  # fmt: skip
+    print(
+        f"{scene} scaling 2 GPUs / 1 GPU: {summary['scaling_2gpu']:.2f}x (mean views/s over seeds); PSNR "
+        f"{summary['psnr_2gpu']:.2f} vs {summary['psnr_1gpu']:.2f} dB (2 vs 1 GPU, mean over seeds)"
+    )
