@@ -6,6 +6,8 @@ measures it on one GPU, where the world is one rank (the all-gather copies local
 and unpacking every rank does whatever the links. For one view's gradients of three scenes:
 - `room` and `object` (exchange_plans.py: 2M splats at 1920x1080, seen from inside, about 6% of the rows touched,
   and from outside, about 40%) and `object_50k` (50,000 splats at 800x800: lego's splat count after 7000 steps);
+  with `--trained-room RUN`, also `room_trained`: the splats of a `ns-train bytesplat` run on the generated room
+  (scaling_runs.py), seen from its training cameras (the first `--trained-views`; medians over them);
 - the exchange's device part recorded as a CUDA graph and replayed, median of `--runs` replays (CUDA events): rows
   all-gathered (bytesplat's plan below 4 GPUs) and routed to owners (from 4);
 - the pack kernel alone: with nothing held back from earlier steps (the steady state: the residual is not read)
@@ -26,6 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import torch
 import torch.distributed as dist
@@ -38,6 +41,7 @@ from multi_gpu import ROOM_SPLATS, room_camera, room_splats, view_backward  # no
 
 from bytesplat_ns.cuda import ops  # noqa: E402
 from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
+from bytesplat_ns.render import RasterCamera  # noqa: E402
 
 SCENES = {  # name: (splats, camera, image size)
     "room": (ROOM_SPLATS, room_camera, (1920, 1080)),
@@ -114,11 +118,69 @@ def unpack_us(grads: list[torch.Tensor], runs: int) -> float:
     return median_us(lambda: ops.unpack_rows(out, buffer, grads[0].shape[0], 1.0), runs)
 
 
+def trained_splats(run: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """The raw splat parameters of a bytesplat run's last checkpoint (as room_splats makes them)."""
+    checkpoint = sorted((run / "nerfstudio_models").glob("step-*.ckpt"))[-1]
+    state = torch.load(checkpoint, map_location=device, weights_only=False)["pipeline"]
+    prefix = "_model.gauss_params."
+    return {k[len(prefix) :]: v.float().requires_grad_() for k, v in state.items() if k.startswith(prefix)}
+
+
+def training_cameras(run: Path, data: Path, count: int, device: torch.device) -> list[RasterCamera]:
+    """The first `count` training cameras of `data` (nerfstudio-data transforms.json, OpenGL axes) in the run's frame
+    (dataparser_transforms.json: nerfstudio's orientation and scale)."""
+    meta = json.loads((data / "transforms.json").read_text())
+    frame = json.loads((run / "dataparser_transforms.json").read_text())
+    transform, scale = torch.tensor(frame["transform"], dtype=torch.float64), frame["scale"]  # [3, 4]
+    K = torch.tensor([[meta["fl_x"], 0, meta["cx"]], [0, meta["fl_y"], meta["cy"]], [0, 0, 1.0]])
+    by_path = {f["file_path"]: f["transform_matrix"] for f in meta["frames"]}
+    cameras = []
+    for path in meta["train_filenames"][:count]:
+        c2w = torch.eye(4, dtype=torch.float64)
+        c2w[:3] = transform @ torch.tensor(by_path[path], dtype=torch.float64)
+        c2w[:3, 3] *= scale
+        c2w[:3, 1:3] *= -1  # OpenGL (y up, z backward) to OpenCV (y down, z forward)
+        viewmat = torch.linalg.inv(c2w).float()
+        cameras.append(RasterCamera(viewmat.to(device), K.to(device), meta["w"], meta["h"]))
+    return cameras
+
+
+def view_gradients(params: dict[str, torch.Tensor], camera: RasterCamera) -> list[torch.Tensor]:
+    view_backward(params, camera, "auto")
+    grads = [p.grad.detach().clone() for p in params.values()]
+    for p in params.values():
+        p.grad = None
+    return grads
+
+
+def measure_trained(run: Path, data: Path, views: int, runs: int, device: torch.device) -> dict:
+    """`measure` for each of the run's first training views; medians over the views, and each view's figures."""
+    params = trained_splats(run, device)
+    cameras = training_cameras(run, data, views, device)
+    per_view = [measure_grads(view_gradients(params, cam), (cam.width, cam.height), runs) for cam in cameras]
+    summary = {
+        "run": str(run),
+        "views": len(per_view),
+        "touched_fraction": median(v["touched_fraction"] for v in per_view),
+        "exchange_replayed_us": {
+            plan: median(v["exchange_replayed_us"][plan] for v in per_view) for plan in ("all_gather", "routed")
+        },
+        "pack": {k: median(v["pack"][k] for v in per_view) for k in per_view[0]["pack"]},
+        "unpack_us": median(v["unpack_us"] for v in per_view),
+        "per_view": per_view,
+    }
+    return {**per_view[0], **summary}
+
+
 def measure(scene: str, runs: int, device: torch.device) -> dict:
     n, make_camera, size = SCENES[scene]
     params = room_splats(n, seed=0, device=device)
-    view_backward(params, make_camera(1, device, *size), "auto")
-    grads = [p.grad.detach().clone() for p in params.values()]
+    return measure_grads(view_gradients(params, make_camera(1, device, *size)), size, runs)
+
+
+def measure_grads(grads: list[torch.Tensor], size: tuple[int, int], runs: int) -> dict:
+    """The exchange's cost on one view's gradients `grads` (the splat parameters', [N, ...] each)."""
+    n = grads[0].shape[0]
     flat = torch.cat([g.reshape(n, -1) for g in grads], 1)  # [N, 59]
     copy = torch.empty_like(flat)
     return {
@@ -139,11 +201,18 @@ def main() -> None:
     parser.add_argument("--scenes", nargs="+", default=list(SCENES), choices=list(SCENES))
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--json", type=Path, default=Path("exchange_cost.json"))
+    parser.add_argument("--trained-room", type=Path, default=None, metavar="RUN",
+                        help="a bytesplat run folder on the generated room (config.yml's folder)")  # fmt: skip
+    parser.add_argument("--room-data", type=Path, default=Path("/tmp/room-scene"), help="that run's scene")
+    parser.add_argument("--trained-views", type=int, default=8)
     args = parser.parse_args()
     device = torch.device("cuda")
     began = time.perf_counter()
     dist.init_process_group("nccl", init_method=f"file:///tmp/exchange-cost-{time.time_ns()}", rank=0, world_size=1)
     results = {scene: measure(scene, args.runs, device) for scene in args.scenes}
+    if args.trained_room:
+        trained = measure_trained(args.trained_room, args.room_data, args.trained_views, args.runs, device)
+        results["room_trained"] = trained
     dist.destroy_process_group()
     record = {"device": torch.cuda.get_device_name(0), "wall_s": time.perf_counter() - began, "scenes": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
