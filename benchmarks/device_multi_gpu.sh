@@ -4,8 +4,8 @@
 # PROBES (short lego runs without evaluation, once per renderer in RENDERERS: `PROBES="1 2:compact"
 # RENDERERS="gsplat fused"`) or the benchmark (2M-splat room exchange, then lego on 2 GPUs and on 1 GPU with the
 # same views). Logs and JSON go to $OUT.
-# MULTI_GPU_ARGS: more options of multi_gpu.py (e.g. --seeds 42 43); TRAIN_ARGS: ns-train options for the lego
-# runs; GPU_TESTS="" skips the tests.
+# MULTI_GPU_ARGS: more options of multi_gpu.py (e.g. --seeds 42 43; --room-views 2000 adds the generated 1080p room,
+# scaling_runs.py); TRAIN_ARGS: ns-train options for every training run; GPU_TESTS="" skips the tests.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
