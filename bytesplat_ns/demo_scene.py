@@ -42,6 +42,7 @@ import math
 import multiprocessing
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -294,13 +295,22 @@ def _renders(c2w: np.ndarray, focal: float, config: DemoSceneConfig, workers: in
         for start in range(0, len(c2w), workers):
             batch = list(c2w[start : start + workers])
             n = len(batch)
-            yield from pool.map(_render_view, batch, [focal] * n, [config.width] * n, [config.height] * n,
-                                [config.layout] * n)  # fmt: skip
+            try:
+                yield from pool.map(_render_view, batch, [focal] * n, [config.width] * n, [config.height] * n,
+                                    [config.layout] * n)  # fmt: skip
+            except BrokenProcessPool as error:
+                raise RuntimeError(
+                    f"A process rendering the scene ({workers} at once) stopped. Worker processes are spawned: the "
+                    "calling script must be a file whose own work runs under `if __name__ == '__main__':` (a script "
+                    "read from stdin cannot be re-imported); a 1920x1080 view also takes a few GB per process. "
+                    "Fix the script, or pass fewer workers (1 renders in this process)."
+                ) from error
 
 
 def generate_demo_scene(output_dir: Path, config: DemoSceneConfig = DemoSceneConfig(), workers: int = 1) -> Path:
     """Write the scene into output_dir (created if needed); returns output_dir. `workers`: views rendered at once,
-    each in its own process (a 1920x1080 view takes seconds and gigabytes).
+    each in its own spawned process (a 1920x1080 view takes seconds and gigabytes; the calling script then needs
+    an `if __name__ == "__main__":` guard).
 
     Deterministic: the same config gives byte-identical files, with any number of workers.
     """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +92,18 @@ def test_deterministic(scene_dir: Path, layout: str, tmp_path: Path) -> None:
 def test_workers_write_the_same_files(room_dir: Path, tmp_path: Path) -> None:
     config = dataclasses.replace(TINY, layout="room")
     assert _all_files(generate_demo_scene(tmp_path / "two", config, workers=2)) == _all_files(room_dir)
+
+
+def test_workers_that_cannot_start_name_the_fix(tmp_path: Path) -> None:
+    """A script read from stdin cannot be re-imported by a spawned process: the error says what to do."""
+    script = (
+        "from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene\n"
+        f"generate_demo_scene({str(tmp_path / 'scene')!r}, DemoSceneConfig(width=8, height=6, num_train=2, "
+        "num_eval=1), workers=2)\n"
+    )
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "if __name__ == '__main__':" in done.stderr and "fewer workers" in done.stderr, done.stderr[-2000:]
 
 
 def test_room_views_are_opaque_and_each_sees_a_part(room_dir: Path) -> None:
