@@ -39,6 +39,7 @@ from exchange_plans import object_camera  # noqa: E402
 from fused_kernel import median_ms  # noqa: E402
 from multi_gpu import ROOM_SPLATS, room_camera, room_splats, view_backward  # noqa: E402
 
+from bytesplat_ns.camera_matrices import viewmat_from_camera_to_world  # noqa: E402
 from bytesplat_ns.cuda import ops  # noqa: E402
 from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
 from bytesplat_ns.render import RasterCamera  # noqa: E402
@@ -136,11 +137,9 @@ def training_cameras(run: Path, data: Path, count: int, device: torch.device) ->
     by_path = {f["file_path"]: f["transform_matrix"] for f in meta["frames"]}
     cameras = []
     for path in meta["train_filenames"][:count]:
-        c2w = torch.eye(4, dtype=torch.float64)
-        c2w[:3] = transform @ torch.tensor(by_path[path], dtype=torch.float64)
-        c2w[:3, 3] *= scale
-        c2w[:3, 1:3] *= -1  # OpenGL (y up, z backward) to OpenCV (y down, z forward)
-        viewmat = torch.linalg.inv(c2w).float()
+        c2w = transform @ torch.tensor(by_path[path], dtype=torch.float64)  # [3, 4]
+        c2w[:, 3] *= scale
+        viewmat = viewmat_from_camera_to_world(c2w).float()
         cameras.append(RasterCamera(viewmat.to(device), K.to(device), meta["w"], meta["h"]))
     return cameras
 

@@ -32,7 +32,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scaling_runs import finish_run, lego_scene, print_runs, room_scene, scaling_summary, start_run, train_run  # noqa: E402
+from scaling_runs import (  # noqa: E402
+    ROOM_DESCRIPTION,
+    TrainScene,
+    finish_run,
+    lego_scene,
+    print_runs,
+    room_scene,
+    scaling_summary,
+    start_run,
+    train_run,
+)
 
 from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize  # noqa: E402
@@ -43,7 +53,6 @@ ROOM_HALF = 5.0
 """The room is the cube [-5, 5]^3; splats lie on its six walls."""
 ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
-ROOM_TRAINING = "demo_scene.py's room layout, 1920x1080, 24 training views from inside, 2M splats, no refine"
 
 
 def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
@@ -264,26 +273,26 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 
-    def alternating(index: int) -> tuple[int, int]:  # 2 then 1 GPU for the first seed, 1 then 2 for the next, ...
-        return (2, 1) if index % 2 == 0 else (1, 2)
+    def seed_by_seed(scene: TrainScene, views: int, runs: list[dict]):
+        """Adds a 2-GPU and a 1-GPU run per seed to `runs` (2 then 1 GPU for the first seed, 1 then 2 for the
+        next, ...), yielding their summary after each seed."""
+        for index, seed in enumerate(args.seeds):
+            runs += [train_run(scene, views, gpus, args.out, extra=args.train_args, seed=seed)
+                     for gpus in ((2, 1) if index % 2 == 0 else (1, 2))]  # fmt: skip
+            yield scaling_summary(runs)
 
     if not args.skip_lego:
         lego, runs = lego_scene(args.data), earlier.get("lego_runs", [])
         if args.warmup_views > 0:
             train_run(lego, args.warmup_views, 2, args.out / "warmup", evaluate=False, extra=args.train_args)
-        for index, seed in enumerate(args.seeds):
-            runs += [train_run(lego, args.views, gpus, args.out, extra=args.train_args, seed=seed)
-                     for gpus in alternating(index)]  # fmt: skip
-            summary = scaling_summary(runs)
+        for summary in seed_by_seed(lego, args.views, runs):
             summary["comm_bytes_reduction_lego"] = summary.pop("comm_bytes_reduction")
             record.update(summary, lego_runs=runs)
             save()
     if args.room_views > 0:
-        room_training, runs = room_scene(args.room_dir), earlier.get("room_training", {}).get("runs", [])
-        for index, seed in enumerate(args.seeds):
-            runs += [train_run(room_training, args.room_views, gpus, args.out, extra=args.train_args, seed=seed)
-                     for gpus in alternating(index)]  # fmt: skip
-            record["room_training"] = {"scene": ROOM_TRAINING, **scaling_summary(runs), "runs": runs}
+        runs = earlier.get("room_training", {}).get("runs", [])
+        for summary in seed_by_seed(room_scene(args.room_dir), args.room_views, runs):
+            record["room_training"] = {"scene": ROOM_DESCRIPTION, **summary, "runs": runs}
             save()
     record["comm_bytes_reduction"] = room["reduction_fp32"]
     save()

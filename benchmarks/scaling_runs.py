@@ -23,11 +23,15 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import IO
 
+from step_time import WIDE_OPTIONS
+
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
 
 ROOM_SCENE = DemoSceneConfig(width=1920, height=1080, num_train=24, num_eval=4, num_points=2_000_000, layout="room")
-ROOM_OPTIONS = ("--pipeline.model.num-downscales", "0", "--pipeline.model.warmup-length", "1000000000")
-"""Full resolution from the first step; no refine (densification starts after the warm-up): 2M splats throughout."""
+ROOM_DESCRIPTION = (
+    f"demo_scene.py's room layout, {ROOM_SCENE.width}x{ROOM_SCENE.height}, {ROOM_SCENE.num_train} training views from "
+    f"inside, {ROOM_SCENE.num_points:,} splats, no refine"
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def room_scene(folder: Path) -> TrainScene:
         began = time.perf_counter()
         generate_demo_scene(folder, ROOM_SCENE, workers=min(16, os.cpu_count() or 1))
         print(f"room scene generated in {time.perf_counter() - began:.0f} s: {folder}", flush=True)
-    return TrainScene("room", folder, ROOM_OPTIONS, "bytesplat-data")
+    return TrainScene("room", folder, tuple(WIDE_OPTIONS), "bytesplat-data")  # full resolution, no refine
 
 
 @dataclass

@@ -35,8 +35,13 @@ def layout(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def scene_dir(layout: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return generate_demo_scene(tmp_path_factory.mktemp(layout) / "scene", dataclasses.replace(TINY, layout=layout))
+def scene_dir(layout: str, request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{layout}_dir")
+
+
+@pytest.fixture(scope="module")
+def still_life_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_demo_scene(tmp_path_factory.mktemp("still_life") / "scene", TINY)
 
 
 @pytest.fixture(scope="module")
