@@ -11,6 +11,8 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
 3. decode: every rank's rows are added, in rank order and scaled by 1/world, into a zeroed dense gradient:
    the mean an all-reduce gives, and bitwise the same on every rank (a rank's rows are distinct, so no two
    additions race), which keeps the ranks' splats identical;
+   with the kernels, the pack zeroes the gradient rows it read (`clear`), so the gradients are zeros by then
+   without a pass over all of them;
 4. the gathered headers go to host memory without waiting and are read `lag` exchanges later, when they
    have long arrived (late_read.py): the counts set the capacity, the notes carry pause/stop requests
    (run_control.py). Both act `lag` steps late, on every rank alike. Reading them late is what lets a rank's
@@ -50,6 +52,11 @@ object seen from around it); from 4 ranks on the routed plan sends fewer in both
 bytes at 4 ranks, 20-128% at 8), and where views overlap the all-gather alone can exceed the dense all-reduce. The
 routed plan also sums on the owners: on one GPU, with one rank, its exchange of one 2M-splat view took about 1.8x the
 all-gather's time (there the slice is every row; benchmarks/exchange_cost.py). Hence routing from 4 ranks by default.
+
+The caller may say which rows can be non-zero: `visible`, the render's screen radii ([N] int32), where a culled
+splat's row (radius 0) holds zeros as long as the loss reaches the splats only through the render. The pack kernel
+then skips those rows unread (a room seen from inside touches a fifth of them); the torch path, which reads every
+row anyway, ignores it.
 
 Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
@@ -169,9 +176,11 @@ class SparseRowExchange:
     def __post_init__(self) -> None:
         self._headers = LateQueue(self.lag)
 
-    def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
+    def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = (),
+                visible: Tensor | None = None) -> ExchangeStats:  # fmt: skip
         """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks; `dense` gradients
-        (camera optimizer, bilateral grid) take one plain all-reduce. `begin`, `exchange_rows` and `end` in turn."""
+        (camera optimizer, bilateral grid) take one plain all-reduce; `visible` [N] int32: rows where it is 0 hold
+        zeros (module docstring). `begin`, `exchange_rows` and `end` in turn."""
         parts: dict[str, float] = {}
         laps = PhaseClock(parts)
         if dense:
@@ -179,7 +188,7 @@ class SparseRowExchange:
             laps.lap("dense all-reduce")
         self.begin(grads, note)
         laps.lap("late read")
-        self.exchange_rows(grads, laps)
+        self.exchange_rows(grads, laps, visible)
         stats = self.end()
         laps.lap("header copy")
         stats.part_seconds = parts
@@ -220,10 +229,11 @@ class SparseRowExchange:
         addresses = tuple(t.data_ptr() if t is not None else None for t in (*held, self._sums))
         return self.capacity, self.route_capacity, self._dense, addresses
 
-    def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None) -> None:
+    def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None,
+                      visible: Tensor | None = None) -> None:  # fmt: skip
         """The device's part, no host sync: (route this rank's rows to their owners and sum them there,) pack, all-
         gather every rank's rows, unpack their mean into `grads`; the gathered headers stay on the device for
-        `end`. Uses what `begin` set."""
+        `end`. Uses what `begin` set. `visible`: as in `average`."""
         laps = laps or PhaseClock({})
         world = dist.get_world_size(self.group)
         if self._dense:
@@ -231,18 +241,19 @@ class SparseRowExchange:
             laps.lap("all-reduce")
             return
         if self._routed:  # the sums of this rank's slice, row j for row j W + rank
-            largest_received = self._route(grads, world)
+            largest_received = self._route(grads, world, visible)  # leaves grads zero (kernels)
             laps.lap("route")
             rank = dist.get_rank(self.group)
             buffer = self._pack([self._sums], self.capacity, self._held, index_scale=world, index_offset=rank)
             self._header_ints(buffer)[2:].copy_(largest_received)
         else:
-            buffer = self._pack(grads, self.capacity, self._residual)  # [1, capacity + 1, slots + D]
+            # [1, capacity + 1, slots + D]; with the kernels, grads are zeros after it
+            buffer = self._pack(grads, self.capacity, self._residual, visible=visible, clear=True)
         laps.lap("pack")
         gathered = buffer.new_empty(world, *buffer.shape[1:])  # [W, capacity + 1, slots + D]
         dist.all_gather_into_tensor(gathered, buffer, group=self.group)
         laps.lap("all-gather")
-        self._gathered_headers = self._unpack(grads, gathered, self.capacity, 1.0 / world)
+        self._gathered_headers = self._unpack(grads, gathered, self.capacity, 1.0 / world, zeroed=True)
         laps.lap("unpack")
 
     def end(self) -> ExchangeStats:
@@ -277,11 +288,11 @@ class SparseRowExchange:
         dtype = self._value_dtype()
         return (_slots(dtype) + self._shape[1]) * dtype.itemsize
 
-    def _route(self, grads: list[Tensor], world: int) -> Tensor:
-        """With owners: this rank's touched rows to their owners (rows that did not fit stay in the residual), one
-        all_to_all_single, the owner's sums of what it received into `_sums`. -> [1] int32 the largest count this
-        owner received (every sender's count of its rows, sent or not)."""
-        routed = self._pack(grads, self.route_capacity, self._residual, owners=world)  # [W, route_capacity + 1, ...]
+    def _route(self, grads: list[Tensor], world: int, visible: Tensor | None) -> Tensor:
+        """With owners: this rank's touched rows to their owners (rows that did not fit stay in the residual; grads
+        zeroed, with the kernels), one all_to_all_single, the owner's sums of what it received into `_sums`. -> [1]
+        int32 the largest count this owner received (every sender's count of its rows, sent or not)."""
+        routed = self._pack(grads, self.route_capacity, self._residual, owners=world, visible=visible, clear=True)
         received = torch.empty_like(routed)
         dist.all_to_all_single(received, routed, group=self.group)
         headers = self._unpack([self._sums], received, self.route_capacity, 1.0, index_divisor=world)
@@ -326,13 +337,16 @@ class SparseRowExchange:
         return buffer[0, 0, : HEADER_INTS * _slots(buffer.dtype)].view(torch.int32)
 
     def _pack(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int = 1,
-              index_scale: int = 1, index_offset: int = 0) -> Tensor:  # fmt: skip
+              index_scale: int = 1, index_offset: int = 0, visible: Tensor | None = None,
+              clear: bool = False) -> Tensor:  # fmt: skip
         """-> buffers [owners, capacity + 1, slots + D] of the touched rows of `grads` (the rows `residual` holds
         added in; the rows that did not fit held there instead), row i in buffer i mod owners and named
-        i * index_scale + index_offset, this exchange's note in each header."""
+        i * index_scale + index_offset, this exchange's note in each header. With the kernels, the rows where
+        `visible` is 0 are not read, and `clear` leaves `grads` zero (for `_unpack(..., zeroed=True)`)."""
         if self.kernels and grads[0].is_cuda:  # one launch; rows in no particular order
             values, count = (residual.values, residual.count) if residual is not None else (None, None)
-            buffer = ops.pack_rows(grads, capacity, 0, self.half, values, count, owners, index_scale, index_offset)
+            buffer = ops.pack_rows(grads, capacity, 0, self.half, values, count, owners, index_scale, index_offset,
+                                   visible, clear)  # fmt: skip
         else:
             buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset)
         slots = _slots(buffer.dtype)
@@ -371,12 +385,13 @@ class SparseRowExchange:
             residual.count.copy_(torch.cat(counts).sub(capacity).clamp(min=0).sum(dtype=torch.int32).view(1))
         return buffer
 
-    def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float,
-                index_divisor: int = 1) -> Tensor:  # fmt: skip
+    def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float, index_divisor: int = 1,
+                zeroed: bool = False) -> Tensor:  # fmt: skip
         """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D], row i added at i //
-        index_divisor, in rank order into zeros (the same bits on every rank). -> the headers [W, 3] int32."""
+        index_divisor, in rank order into zeros (the same bits on every rank); `zeroed`: a `clear` pack left `grads`
+        zero (with the kernels: not zeroed again). -> the headers [W, 3] int32."""
         if self.kernels and grads[0].is_cuda:  # one call
-            return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor)
+            return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
         slots = _slots(gathered.dtype)
         dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]
@@ -437,8 +452,10 @@ class DenseExchange:
     def __post_init__(self) -> None:
         self._notes = LateQueue(self.lag)
 
-    def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = ()) -> ExchangeStats:
-        """Replace each of `grads` and `dense` in place by its mean over the ranks, in one all-reduce."""
+    def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = (),
+                visible: Tensor | None = None) -> ExchangeStats:  # fmt: skip
+        """Replace each of `grads` and `dense` in place by its mean over the ranks, in one all-reduce (`visible`
+        is not needed: every row is sent)."""
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         notes = [0] * world
         for means, _ in self._notes.pop_ready():  # the means: note / world each

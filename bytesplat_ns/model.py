@@ -217,6 +217,16 @@ class ByteSplatModel(SplatfactoModel):
         if self.info is not None:
             self.strategy.accumulate(self.gauss_params, self.strategy_state, self.info, self.step)
 
+    def visible_radii(self) -> Tensor | None:
+        """[N] int32: the last render's screen radii, 0 for a culled splat, whose gradient row is then zero as long
+        as the loss reaches the splats only through the render (the compacted exchange skips such rows unread,
+        grad_compaction.py). None where that does not hold (scale regularisation) or no render of all N splats is
+        at hand."""
+        radii = self.info["radii"] if self.info is not None else None
+        if radii is None or self.config.use_scale_regularization or tuple(radii.shape) != (1, self.num_points):
+            return None
+        return radii.reshape(-1)
+
     def get_extra_state(self) -> dict:
         """Densification statistics travel in checkpoints, so a resumed run densifies as the original would; and
         the views per step, so a run on another number of GPUs can convert the step count (view_schedule.py)."""

@@ -114,12 +114,13 @@ class ByteSplatPipeline(VanillaPipeline):
             if torch.is_tensor(tensor) and tensor.device == device:
                 dist.broadcast(tensor, src=0)
 
-    def average_gradients(self, note: int = 0) -> ExchangeStats:
+    def average_gradients(self, note: int = 0, visible: torch.Tensor | None = None) -> ExchangeStats:
         """Mean of every rank's gradients, in place: compacted rows for the splats, all-reduce for the rest
         (--pipeline.exchange dense: one all-reduce for all). No host sync. `note` travels with the exchange (see
-        run_control.py); every rank's note of the previous step is in the returned stats."""
+        run_control.py); every rank's note of the previous step is in the returned stats. `visible` [N] int32: the
+        splats whose gradient rows may be non-zero (model.visible_radii), or None."""
         splat_grads, other_grads = self._gradients()
-        return self.exchange.average(splat_grads, note=note, dense=other_grads)
+        return self.exchange.average(splat_grads, note=note, dense=other_grads, visible=visible)
 
     # The step graph (step_graph.py) records the compacted exchange's device part with the step and runs its host
     # parts around each replay: begin_exchange, (replay: exchange_rows), end_exchange.
@@ -127,8 +128,8 @@ class ByteSplatPipeline(VanillaPipeline):
         """-> what the recorded exchange bakes in (SparseRowExchange.begin)."""
         return self.exchange.begin(list(self.model.gauss_params.values()), note)
 
-    def exchange_rows(self) -> None:
-        self.exchange.exchange_rows(self._gradients()[0])
+    def exchange_rows(self, visible: torch.Tensor | None = None) -> None:
+        self.exchange.exchange_rows(self._gradients()[0], visible=visible)
 
     def end_exchange(self) -> ExchangeStats:
         return self.exchange.end()

@@ -325,11 +325,12 @@ class ByteSplatTrainer(Trainer):
         clock.lap("backward")
         guarded_loss, exchange = loss, None
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
+            visible = self._visible_rows()
             if guard_step is None:
-                exchange = self.pipeline.average_gradients(note=self.control.note())
+                exchange = self.pipeline.average_gradients(note=self.control.note(), visible=visible)
                 self.control.agree(exchange.notes)
             else:  # recording the step graph: the exchange's host parts run around each replay (StepGraph.run)
-                self.pipeline.exchange_rows()
+                self.pipeline.exchange_rows(visible)
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
             clock.lap("exchange")
         stepping = self._stepping(step)
@@ -344,6 +345,13 @@ class ByteSplatTrainer(Trainer):
         else:
             optimizers.optimizer_scaler_step_some(self.grad_scaler, stepping)
         return loss, loss_dict, metrics_dict, exchange
+
+    def _visible_rows(self) -> Tensor | None:
+        """[N] int32 this step's screen radii, for the exchange to skip the culled splats' rows, which hold zeros
+        (model.visible_radii); None while a splat group accumulates gradients over steps (an earlier view's rows)."""
+        if any(n != 1 for n in self.gradient_accumulation_steps.values()):
+            return None
+        return self.pipeline.model.visible_radii()
 
     def _graph_body(self, guard_step: Tensor, camera, batch: dict) -> tuple:
         """The step as the CUDA graph records it (no gradient accumulation there: every group steps)."""

@@ -36,6 +36,13 @@ def make_grad(case: str, rank: int, step: int, shape: tuple[int, ...]) -> torch.
     return grad
 
 
+def in_view(grads: list[torch.Tensor], rank: int, step: int) -> torch.Tensor:
+    """[ROWS] int32 screen radii as a render would give them: non-zero on every touched row and on some others."""
+    touched = torch.cat([g.reshape(ROWS, -1) for g in grads], 1).ne(0).any(1)
+    others = torch.rand(ROWS, generator=torch.Generator().manual_seed(100 * rank + step)) < 0.1
+    return (touched.cpu() | others).int().mul(3).to(grads[0].device)
+
+
 def relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max(float((g - w).norm() / w.norm().clamp_min(1e-30)) for g, w in zip(got, want))
 
@@ -49,18 +56,20 @@ class _ReplayedExchange:
     def __init__(self, exchange: SparseRowExchange, like: list[torch.Tensor]) -> None:
         self.exchange = exchange
         self.grads = [torch.zeros_like(g) for g in like]
+        self.visible = torch.zeros(ROWS, dtype=torch.int32, device=like[0].device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
         self.recordings = 0
 
-    def average(self, grads: list[torch.Tensor], note: int):
+    def average(self, grads: list[torch.Tensor], note: int, visible: torch.Tensor):
         for mine, grad in zip(self.grads, grads):
             mine.copy_(grad)
+        self.visible.copy_(visible)
         key = self.exchange.begin(self.grads, note)
         if key != self.key:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.exchange.exchange_rows(self.grads)
+                self.exchange.exchange_rows(self.grads, visible=self.visible)
             self.key, self.recordings = key, self.recordings + 1
         self.graph.replay()
         for grad, mine in zip(grads, self.grads):
@@ -96,7 +105,8 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
             want = [g.clone() for g in grads]
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
-            stats = (replayed if graph else exchange).average(got, note=10 * step + rank)
+            visible = in_view(grads, rank, step)  # the pack kernel leaves the other rows unread
+            stats = (replayed if graph else exchange).average(got, note=10 * step + rank, visible=visible)
             late = step - lag  # the exchange whose headers this one reads
             assert stats.notes == ([10 * late + r for r in range(world)] if late >= 0 else [0] * world)
             if late <= dense_at:  # the dense step overflowed the capacity: reported when its headers are read
@@ -281,6 +291,86 @@ def test_pack_kernel_rows_of_any_width(widths):
     sent[names] = buffer[0, 1:, 1:]
     assert torch.equal(sent + residual, flat)
     assert not bool((sent.ne(0).any(1) & residual.ne(0).any(1)).any())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("share", [0.05, 0.9])  # rows in view: tiles read row by row, or read whole
+@pytest.mark.parametrize("held", [False, True])
+def test_pack_kernel_skips_rows_out_of_view_and_clears_what_it_read(share, held):
+    """Told which rows are in view (screen radii), the pack kernel sends the same rows as the gradients hold, reads
+    no row out of view where few are in view (NaN there is never sent), and reads every row while the residual
+    holds one (a held row out of view is sent). With `clear` every row it read is +0.0 afterwards, rows of -0.0
+    included; an unpack told that the gradients are zeros gives the mean an unpack zeroing them gives."""
+    from bytesplat_ns.cuda import ops
+
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(int(share * 100) + held)
+    view = torch.rand(ROWS, generator=generator, device=device) < share  # [N]
+    touched = view & (torch.rand(ROWS, generator=generator, device=device) < 0.7)
+    signed_zeros = view & ~touched & (torch.rand(ROWS, generator=generator, device=device) < 0.5)
+    unread = share < 0.5 and not held  # rows out of view are not read
+    grads = []
+    for shape in SHAPES:
+        g = torch.randn(ROWS, *shape, generator=generator, device=device) * touched.view(-1, *[1] * len(shape))
+        g[signed_zeros] = -0.0
+        g[~view] = float("nan") if unread else 0.0  # NaN: never read; else zeros, as the caller's word has it
+        grads.append(g)
+    want = torch.cat([g.reshape(ROWS, -1) for g in grads], 1).nan_to_num(0.0)  # [N, D]
+    residual = torch.zeros_like(want)
+    count = torch.tensor([int(held)], dtype=torch.int32, device=device)
+    out_of_view = int((~view).nonzero()[0])
+    if held:  # a row held back from an earlier step, out of this view
+        residual[out_of_view] = 1.0
+        want[out_of_view] += 1.0
+    radii = view.int() * 5
+    buffer = ops.pack_rows(grads, ROWS, 0, False, residual, count, visible=radii, clear=True)
+    assert buffer[0, 0, :1].view(torch.int32).item() == int(want.ne(0).any(1).sum())
+    after = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)
+    zeroed = view if unread else torch.ones_like(view)
+    assert bool((after[zeroed].view(torch.int32) == 0).all())  # +0.0, bit for bit
+    if unread:
+        assert bool(after[~view].isnan().all())  # never read, never written
+    got = [torch.full_like(g, float("nan")) for g in grads]
+    ops.unpack_rows(got, buffer, ROWS, 1.0)
+    assert torch.equal(torch.cat([g.reshape(ROWS, -1) for g in got], 1), want)
+    zeros = [torch.zeros_like(g) for g in grads]
+    ops.unpack_rows(zeros, buffer, ROWS, 1.0, zeroed=True)
+    assert all(torch.equal(z, g) for z, g in zip(zeros, got))
+
+
+@pytest.mark.parametrize("renderer", ["torch", "fused", "gsplat"])
+def test_the_rows_the_exchange_skips_hold_zeros(tmp_path, renderer):
+    """model.visible_radii, which the exchange takes as its word: after a training step's backward (at SH degree 3,
+    on the fused loss path with the fused renderer, through autograd with the others), every gradient row of a
+    splat the render culled (radius 0) is zero; with scale regularisation, a loss term off the render, it gives
+    none."""
+    from tests.trainer_setup import cpu_config, small_scene
+
+    if renderer != "torch" and not torch.cuda.is_available():
+        pytest.skip(f"the {renderer} renderer needs a CUDA GPU")
+    config = cpu_config(small_scene(tmp_path), tmp_path / "out", 1, renderer)
+    config.machine.device_type = "cpu" if renderer == "torch" else "cuda"
+    config.pipeline.model.renderer = renderer
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    trainer.train()  # one step: the training callbacks hand the model its optimizers
+    model = trainer.pipeline.model
+    model.step = 10 * model.config.sh_degree_interval * model.config.sh_degree  # every SH band
+    for param in model.gauss_params.values():
+        param.grad = None
+    camera, batch = trainer.pipeline.datamanager.next_train(0)
+    c2w = camera.camera_to_worlds.reshape(3, 4).to(model.means.device)
+    with torch.no_grad():  # twenty splats behind the camera (it looks along -z)
+        model.means[:20] = c2w[:, 3] + 0.5 * c2w[:, 2]
+    _, loss_dict, _ = trainer.pipeline.train_loss_dict(camera, batch)
+    sum(loss_dict.values()).backward()
+    culled = model.visible_radii() == 0  # [N]
+    assert bool(culled[:20].all()) and not bool(culled.all())
+    for name, param in model.gauss_params.items():
+        assert bool((param.grad[culled] == 0).all()), name
+    assert bool(model.gauss_params["means"].grad[~culled].ne(0).any())
+    model.config.use_scale_regularization = True
+    assert model.visible_radii() is None
 
 
 def test_missing_exchange_kernels_fail_at_start_naming_both_fixes(monkeypatch):

@@ -345,7 +345,7 @@ class _FusedLoss(torch.autograd.Function):
 
 
 def pack_rows(
-    grads: list[Tensor],  # each [N, ...] float32, contiguous
+    grads: list[Tensor],  # each [N, ...] float32, contiguous; zeroed with `clear`
     capacity: int,
     note: int,
     half: bool,
@@ -354,13 +354,17 @@ def pack_rows(
     owners: int = 1,
     index_scale: int = 1,
     index_offset: int = 0,
+    visible: Tensor | None = None,  # [N] int32 (a render's screen radii): rows where it is 0 hold zeros
+    clear: bool = False,
 ) -> Tensor:
     """The compacted exchange's buffers [owners, capacity + 1, slots + D] (csrc/sparse_rows.h), row i in buffer
     i mod owners: a header row (row count, note, 0), then the rows with a non-zero value, in no particular order,
     each its int32 index (i * index_scale + index_offset) then its values. The rows `residual` holds are added in
     (it is read only when `residual_rows` is not 0), the rows past the capacity held there instead, and
-    `residual_rows` set to their count."""
-    return ext().pack_rows(grads, residual, residual_rows, capacity, note, half, owners, index_scale, index_offset)
+    `residual_rows` set to their count. The rows where `visible` is 0 are not read (the caller's word that they hold
+    zeros; ignored while the residual holds rows). `clear`: `grads` are all zeros afterwards."""
+    return ext().pack_rows(grads, residual, residual_rows, visible, capacity, note, half, owners, index_scale,
+                           index_offset, clear)  # fmt: skip
 
 
 def unpack_rows(
@@ -369,11 +373,13 @@ def unpack_rows(
     capacity: int,
     scale: float,
     index_divisor: int = 1,
+    zeroed: bool = False,
 ) -> Tensor:
     """grads = scale * the sum of every rank's rows, each added at row index // index_divisor, in rank order
-    (bitwise the same on every rank), in one call. -> the ranks' header rows [W, 3] int32 (row count, note, third
-    value)."""
-    return ext().unpack_rows(grads, gathered, capacity, scale, index_divisor)
+    (bitwise the same on every rank), in one call; `zeroed`: the caller's word that grads hold zeros already (a
+    pack with `clear` left them so), which spares a pass zeroing them. -> the ranks' header rows [W, 3] int32 (row
+    count, note, third value)."""
+    return ext().unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed)
 
 
 def ssim(

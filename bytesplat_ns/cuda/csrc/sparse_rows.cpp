@@ -37,8 +37,9 @@ void check_header_fits(int64_t values, bool half) {
 }  // namespace
 
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual,
-                     const c10::optional<at::Tensor>& residual_rows, int64_t capacity, int64_t note, bool half,
-                     int64_t owners, int64_t index_scale, int64_t index_offset) {
+                     const c10::optional<at::Tensor>& residual_rows, const c10::optional<at::Tensor>& visible,
+                     int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
+                     int64_t index_offset, bool clear) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   BYTESPLAT_CHECK(owners >= 1 && owners <= kMaxOwners, "owners must be between 1 and ", kMaxOwners, ", got ", owners);
@@ -60,6 +61,10 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
     BYTESPLAT_CHECK_INPUT(residual_rows.value(), at::kInt);
     check_shape(residual_rows.value(), {1}, "residual_rows");
   }
+  if (visible.has_value()) {
+    BYTESPLAT_CHECK_INPUT(visible.value(), at::kInt);
+    check_shape(visible.value(), {parts.rows}, "visible (the render's screen radii of one camera)");
+  }
   const auto dtype = half ? at::kHalf : at::kFloat;
   const int64_t width = row_slots(half) + parts.values;
   at::Tensor buffer = at::empty({owners, capacity + 1, width}, grads[0].options().dtype(dtype));
@@ -68,6 +73,8 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   const PackParams p{parts,
                      residual.has_value() ? residual->data_ptr<float>() : nullptr,
                      residual_rows.has_value() ? residual_rows->data_ptr<int>() : nullptr,
+                     visible.has_value() ? visible->data_ptr<int32_t>() : nullptr,
+                     clear,
                      buffer.data_ptr(),
                      headers.data_ptr<int>(),
                      half,
@@ -89,7 +96,7 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
 }
 
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale, int64_t index_divisor) {
+                       double scale, int64_t index_divisor, bool zeroed) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   const bool half = gathered.scalar_type() == at::kHalf;
@@ -101,6 +108,7 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   BYTESPLAT_CHECK(index_divisor >= 1 && index_divisor < (int64_t{1} << 31), "index_divisor must be a positive int32");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   for (const at::Tensor& g : grads) {
+    if (zeroed) break;  // a `clear` pack left them zero
     BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
   }
   const int64_t rank_bytes = (capacity + 1) * width * gathered.element_size();

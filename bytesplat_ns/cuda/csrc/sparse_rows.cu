@@ -8,6 +8,10 @@
 // pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, copied
 //         as it is into shared memory (16 bytes a load); then a warp per row tells whether it is touched, one
 //         thread per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
+//         With the render's radii (`visible`), a tile of rows none of which is in view is skipped unread and one
+//         with few in view has those rows copied one by one: a room seen from inside touches a fifth of the rows.
+//         With `clear` a warp per row read that holds a bit writes it back as zeros, which spares the unpack its
+//         pass zeroing all of the gradients.
 // unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
 //         its adds (the gradient pointers could alias the buffer's, so the compiler would not reorder them itself).
 #include <cuda_fp16.h>
@@ -25,6 +29,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
 constexpr int kLaneColumns = 2;  // a lane's first columns, whose places stay in registers (rows of up to 64 values)
+constexpr int kUntouched = -1;   // a pack tile row's slot: all of its values are +0.0, or it was not read
+constexpr int kSignedZeros = -2;  // untouched, but with a value of -0.0: zeroed all the same with `clear`
 
 // Where column `col` of a row (the parts laid side by side) lies: in part `part`, at `within`, after `before`
 // values of the parts before it. Both the gradients and the pack kernel's tile are placed by it.
@@ -103,11 +109,12 @@ __device__ __forceinline__ int tile_place(const RowParts& g, int tile_rows, int 
 }
 
 // A lane's values of a tile row: columns lane, lane + 32, ...; the first kLaneColumns of them have their place in
-// the tile worked out once, in registers (start[j] + r * width[j]).
+// the tile and in the gradients worked out once, in registers (start[j] + r * width[j], grad[j] + row * width[j]).
 struct LaneColumns {
   int lane;
   int start[kLaneColumns];  // -1: past D
   int width[kLaneColumns];
+  float* grad[kLaneColumns];  // the part's value of row 0 at this column
 
   __device__ LaneColumns(const RowParts& g, int tile_rows) : lane(static_cast<int>(threadIdx.x) & 31) {
 #pragma unroll
@@ -116,17 +123,21 @@ struct LaneColumns {
       const Column c = find_column(g, col < g.values ? col : 0);
       start[j] = col < g.values ? tile_rows * c.before + c.within : -1;
       width[j] = g.width[c.part];
+      grad[j] = g.ptr[c.part] + c.within;
     }
   }
 
-  // f(col, place in the tile) for each of this lane's values of tile row r.
+  // f(col, place in the tile, the value in the gradients) for each of this lane's values of tile row r, gradient
+  // row `row`.
   template <typename F>
-  __device__ __forceinline__ void each(const RowParts& g, int tile_rows, int r, F&& f) const {
+  __device__ __forceinline__ void each(const RowParts& g, int tile_rows, int r, int64_t row, F&& f) const {
 #pragma unroll
     for (int j = 0; j < kLaneColumns; ++j) {
-      if (start[j] >= 0) f(lane + 32 * j, start[j] + r * width[j]);
+      if (start[j] >= 0) f(lane + 32 * j, start[j] + r * width[j], grad[j] + row * width[j]);
     }
-    for (int col = lane + 32 * kLaneColumns; col < g.values; col += 32) f(col, tile_place(g, tile_rows, r, col));
+    for (int col = lane + 32 * kLaneColumns; col < g.values; col += 32) {
+      f(col, tile_place(g, tile_rows, r, col), value_ptr(g, row, col));
+    }
   }
 };
 
@@ -135,43 +146,65 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
   using Buf = RowBuffer<kHalf>;
   extern __shared__ float4 tile_quads[];  // the tile: tile_rows rows of each part, part after part
   float* tile = reinterpret_cast<float*>(tile_quads);
-  __shared__ int slot_of[kThreads];  // each tile row's slot in its owner's buffer; -1: not touched
+  __shared__ int slot_of[kThreads];  // each tile row's slot in its owner's buffer, or kUntouched, kSignedZeros
   const int d = p.grads.values, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const LaneColumns columns(p.grads, tile_rows);
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.owners) p.headers[threadIdx.x * kHeaderInts + 1] = p.note;
   const bool held = p.residual != nullptr && *p.residual_rows > 0;  // set after this launch, by the host's copy
+  const bool by_view = p.visible != nullptr && !held;  // held rows may lie outside this view
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile_rows; first < p.grads.rows;
        first += static_cast<int64_t>(gridDim.x) * tile_rows) {
     const int n = static_cast<int>(min(static_cast<int64_t>(tile_rows), p.grads.rows - first));
+    // 0. With the view: the tile's rows in view (slot 0 for now); none in view, nothing to read.
+    bool one_by_one = false;  // read only the rows in view
+    if (by_view) {
+      const int t = threadIdx.x;
+      const bool in_view = t < n && p.visible[first + t] != 0;
+      if (t < n) slot_of[t] = in_view ? 0 : kUntouched;
+      const int rows_in_view = __syncthreads_count(in_view);
+      if (rows_in_view == 0) continue;  // every thread alike: the count is the block's
+      one_by_one = 2 * rows_in_view < n;
+    }
     // 1. The tile's values: part q's n rows are one contiguous range of n x width values, copied as they are
-    //    (four at a time where both sides are 16-byte aligned).
-    for (int q = 0, offset = 0; q < p.grads.parts; offset += p.grads.width[q], ++q) {
-      const int w = p.grads.width[q], count = n * w;
-      const float* src = p.grads.ptr[q] + first * w;
-      float* dst = tile + tile_rows * offset;
-      int copied = 0;
-      if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
-        const float4* src4 = reinterpret_cast<const float4*>(src);
-        float4* dst4 = reinterpret_cast<float4*>(dst);
-        for (int i = threadIdx.x; i < count / 4; i += kThreads) dst4[i] = src4[i];
-        copied = count / 4 * 4;
+    //    (four at a time where both sides are 16-byte aligned); or, one by one, the rows in view (a warp each).
+    if (one_by_one) {
+      for (int r = warp; r < n; r += kWarps) {
+        if (slot_of[r] == kUntouched) continue;
+        columns.each(p.grads, tile_rows, r, first + r, [&](int, int at, const float* grad) { tile[at] = *grad; });
       }
-      for (int i = copied + threadIdx.x; i < count; i += kThreads) dst[i] = src[i];
+    } else {
+      for (int q = 0, offset = 0; q < p.grads.parts; offset += p.grads.width[q], ++q) {
+        const int w = p.grads.width[q], count = n * w;
+        const float* src = p.grads.ptr[q] + first * w;
+        float* dst = tile + tile_rows * offset;
+        int copied = 0;
+        if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
+          const float4* src4 = reinterpret_cast<const float4*>(src);
+          float4* dst4 = reinterpret_cast<float4*>(dst);
+          for (int i = threadIdx.x; i < count / 4; i += kThreads) dst4[i] = src4[i];
+          copied = count / 4 * 4;
+        }
+        for (int i = copied + threadIdx.x; i < count; i += kThreads) dst[i] = src[i];
+      }
     }
     __syncthreads();
     if (held) {  // the residual's rows added in: a warp per row
       for (int r = warp; r < n; r += kWarps) {
         const float* res = p.residual + (first + r) * d;
-        columns.each(p.grads, tile_rows, r, [&](int col, int at) { tile[at] += res[col]; });
+        columns.each(p.grads, tile_rows, r, first + r, [&](int col, int at, const float*) { tile[at] += res[col]; });
       }
       __syncthreads();
     }
-    // 2. Touched rows: a warp per row.
+    // 2. Touched rows (a value other than +-0) and rows with a bit set: a warp per row read. With rows held in the
+    //    residual the tile is not the gradient, so every row counts as one with a bit set.
     for (int r = warp; r < n; r += kWarps) {
-      bool touched = false;
-      columns.each(p.grads, tile_rows, r, [&](int, int at) { touched |= tile[at] != 0.f; });
-      touched = __any_sync(kAllLanes, touched);
-      if (lane == 0) slot_of[r] = touched ? 0 : -1;
+      if (one_by_one && slot_of[r] == kUntouched) continue;  // not read
+      unsigned bits = 0u;
+      columns.each(p.grads, tile_rows, r, first + r,
+                   [&](int, int at, const float*) { bits |= __float_as_uint(tile[at]); });
+      const bool touched = __any_sync(kAllLanes, (bits & 0x7fffffffu) != 0u);
+      const bool signed_zeros = held || __any_sync(kAllLanes, bits != 0u);
+      if (lane == 0) slot_of[r] = touched ? 0 : (signed_zeros ? kSignedZeros : kUntouched);
     }
     __syncthreads();
     // 3. Slots: thread t for row t, one atomic per warp and owner.
@@ -192,7 +225,8 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
       }
     }
     __syncthreads();
-    // 4. The rows sent into their buffers, the rows past the capacity into the residual: a warp per row.
+    // 4. The rows sent into their buffers, the rows past the capacity into the residual, and with `clear` the rows
+    //    read that hold a bit zeroed in the gradients: a warp per row.
     for (int r = warp; r < n; r += kWarps) {
       const int slot = slot_of[r];
       const int64_t row = first + r;
@@ -200,12 +234,17 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
         const int64_t owner = p.owners == 1 ? 0 : row % p.owners;
         typename Buf::Value* out = Buf::row(p.buffer, owner * (p.capacity + 1) + 1 + slot, d);
         if (lane == 0) Buf::put_index(out, static_cast<int32_t>(row * p.index_scale + p.index_offset));
-        columns.each(p.grads, tile_rows, r, [&](int col, int at) { out[Buf::kSlots + col] = Buf::encode(tile[at]); });
+        columns.each(p.grads, tile_rows, r, row,
+                     [&](int col, int at, const float*) { out[Buf::kSlots + col] = Buf::encode(tile[at]); });
       }
       const bool kept = slot >= p.capacity && p.residual != nullptr;  // the host checks that a residual is given
       if (kept || held) {  // nothing held and none kept: the residual's row is all zeros still
         float* res = p.residual + row * d;
-        columns.each(p.grads, tile_rows, r, [&](int col, int at) { res[col] = kept ? tile[at] : 0.f; });
+        columns.each(p.grads, tile_rows, r, row,
+                     [&](int col, int at, const float*) { res[col] = kept ? tile[at] : 0.f; });
+      }
+      if (p.clear && slot != kUntouched) {
+        columns.each(p.grads, tile_rows, r, row, [&](int, int, float* grad) { *grad = 0.f; });
       }
     }
     __syncthreads();  // before the next tile overwrites this one

@@ -17,7 +17,14 @@
 //         neither read nor cleared, so it costs nothing; after the launch it is set to the rows this pack held.
 //         The headers are counted in a small int32 array and copied into the buffers' header rows after the
 //         launch (a float16 row may start on a 2-byte boundary). No host sync.
-// unpack: the gradients zeroed, then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
+//         `visible` (optional, [N] int32, the render's screen radii): the caller's word that every row where it is
+//         0 holds zeros (a culled splat's gradient); those rows are not read, and a tile of rows with fewer than
+//         half in view reads its rows in view one by one instead of the whole tile. Not used while the residual
+//         holds rows (those may lie outside the view).
+//         `clear`: every row read that is not bitwise zero (a touched row, or one of -0.0s) is zeroed in the
+//         gradients, so that after the launch they are all zeros and the unpack need not zero them.
+// unpack: the gradients zeroed (unless the caller says they are zeros already: `zeroed`, after a `clear` pack),
+//         then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
 //         into an owner's slice, index_divisor = W; the first rank's written into the zeros without reading them,
 //         0 + x being x). A row appears once per buffer, so no two threads add to the same value; ranks are
 //         unpacked one launch after another, in rank order, which makes the sums bitwise the same on every rank.
@@ -48,6 +55,8 @@ struct PackParams {
   float* residual;            // [N, D] the rows held (added in), then the rows past the capacity; or nullptr
                               // (each value is read, then written, by the same lane); zeros elsewhere
   const int* residual_rows;   // [1] how many rows `residual` holds (0: it is all zeros, not read)
+  const int32_t* visible;     // [N] or nullptr: rows where it is 0 hold zeros and are not read
+  bool clear;                 // zero the gradient rows read that are not bitwise zero
   void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
   int* headers;               // [owners * kHeaderInts + 1] zeroed before the launch: counts (atomic) and notes,
                               // then the rows this pack held in `residual` (atomic)
@@ -80,16 +89,18 @@ cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream);
 namespace bytesplat {
 
 // -> buffers [owners, capacity + 1, slots + D] (float32, or float16 with `half`).
-at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // each [N, ...] float32
+at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // each [N, ...] float32 (zeroed with clear)
                      const c10::optional<at::Tensor>& residual,       // [N, D] float32, read and written
                      const c10::optional<at::Tensor>& residual_rows,  // [1] int32, read and written
+                     const c10::optional<at::Tensor>& visible,        // [N] int32
                      int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
-                     int64_t index_offset);
+                     int64_t index_offset, bool clear);
 
 // grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
-// order. -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note, third value).
+// order (`zeroed`: grads hold zeros already). -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note,
+// third value).
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale, int64_t index_divisor);
+                       double scale, int64_t index_divisor, bool zeroed);
 
 }  // namespace bytesplat
 #endif
