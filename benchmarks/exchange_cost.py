@@ -8,12 +8,15 @@ and unpacking every rank does whatever the links. For one view's gradients of th
   and from outside, about 40%) and `object_50k` (50,000 splats at 800x800: lego's splat count after 7000 steps);
   with `--trained-room RUN`, also `room_trained`: the splats of a `ns-train bytesplat` run on the generated room
   (scaling_runs.py), seen from its training cameras (the first `--trained-views`; medians over them);
+  `--train-room VIEWS` generates the room into `--room-data` and trains that run first (one GPU, seed 43);
 - the exchange's device part recorded as a CUDA graph and replayed, median of `--runs` replays (CUDA events): rows
-  all-gathered (bytesplat's plan below 4 GPUs) and routed to owners (from 4);
-- the pack kernel alone: with nothing held back from earlier steps (the steady state: the residual is not read)
-  and with a row held back (after a step whose rows overflowed the capacity: the residual is read and rewritten,
-  which every pack did before the held rows were counted); the unpack call alone (zeroing the gradients, adding
-  the rows);
+  all-gathered (bytesplat's plan below 4 GPUs), also told which splats the view culled (the render's radii, as
+  training tells it: the pack skips their rows unread), and routed to owners (from 4);
+- the pack kernel alone: with nothing held back from earlier steps (the steady state: the residual is not read),
+  that and told the view, and with a row held back (after a step whose rows overflowed the capacity: the residual
+  is read and rewritten, which every pack did before the held rows were counted); the unpack call alone, zeroing
+  the gradients then adding the rows, and adding them into gradients a `clear` pack left zero (as the exchange
+  does);
 - for scale: a device copy of the [N, 59] gradients (one read and one write of them);
 - the exchange's kernels by name (torch profiler over op-by-op exchanges), microseconds per exchange.
 Prints a table last, writes --json.
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exchange_plans import object_camera  # noqa: E402
 from fused_kernel import median_ms  # noqa: E402
 from multi_gpu import ROOM_SPLATS, room_camera, room_splats, view_backward  # noqa: E402
+from scaling_runs import room_scene, train_run  # noqa: E402
 
 from bytesplat_ns.camera_matrices import viewmat_from_camera_to_world  # noqa: E402
 from bytesplat_ns.cuda import ops  # noqa: E402
@@ -69,13 +73,14 @@ def settled(grads: list[torch.Tensor], routed: bool) -> tuple[SparseRowExchange,
     return exchange, work
 
 
-def replayed_us(grads: list[torch.Tensor], routed: bool, runs: int) -> float:
-    """The exchange's device part recorded as a CUDA graph, as the step graph holds it; median replay time."""
+def replayed_us(grads: list[torch.Tensor], routed: bool, runs: int, visible: torch.Tensor | None = None) -> float:
+    """The exchange's device part recorded as a CUDA graph, as the step graph holds it (told the view's radii
+    `visible`, or not); median replay time."""
     exchange, work = settled(grads, routed)
     exchange.begin(work, 0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        exchange.exchange_rows(work)
+        exchange.exchange_rows(work, visible=visible)
     exchange.end()
     return median_us(graph.replay, runs, before=lambda: torch._foreach_copy_(work, grads))
 
@@ -92,15 +97,17 @@ def kernels_us(grads: list[torch.Tensor], runs: int = 10) -> dict[str, float]:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
-def pack_us(grads: list[torch.Tensor], runs: int) -> dict[str, float]:
-    """The pack kernel alone at the settled capacity: the residual holding no rows (the steady state: not read), and
-    holding one (read, every row rewritten: what every pack did before the kernel counted the rows held)."""
+def pack_us(grads: list[torch.Tensor], runs: int, visible: torch.Tensor) -> dict[str, float]:
+    """The pack kernel alone at the settled capacity: the residual holding no rows (the steady state: not read), that
+    told the view's radii, and holding one (read, every row rewritten: what every pack did before the kernel counted
+    the rows held)."""
     exchange, _ = settled(grads, routed=False)
     n, width = grads[0].shape[0], sum(g[0].numel() for g in grads)
     residual = torch.zeros(n, width, device=grads[0].device)
     held_rows = torch.zeros(1, dtype=torch.int32, device=residual.device)
     capacity = exchange.capacity
     steady = median_us(lambda: ops.pack_rows(grads, capacity, 0, False, residual, held_rows), runs)
+    in_view = median_us(lambda: ops.pack_rows(grads, capacity, 0, False, residual, held_rows, visible=visible), runs)
     one_row = torch.zeros_like(residual)
     one_row[0] = 1e-3
 
@@ -109,14 +116,18 @@ def pack_us(grads: list[torch.Tensor], runs: int) -> dict[str, float]:
         held_rows.fill_(1)
 
     holding = median_us(lambda: ops.pack_rows(grads, capacity, 0, False, residual, held_rows), runs, hold_one_row)
-    return {"capacity": capacity, "nothing_held_us": steady, "one_row_held_us": holding}
+    return {"capacity": capacity, "nothing_held_us": steady, "in_view_us": in_view, "one_row_held_us": holding}
 
 
-def unpack_us(grads: list[torch.Tensor], runs: int) -> float:
-    """The unpack call alone (zeroing the gradients, adding one rank's rows): every touched row in one buffer."""
+def unpack_us(grads: list[torch.Tensor], runs: int) -> dict[str, float]:
+    """The unpack call alone, one rank's rows (every touched row in one buffer): zeroing the gradients first, and
+    into gradients that are zeros already (after a `clear` pack)."""
     buffer = ops.pack_rows(grads, grads[0].shape[0], 0, False)
     out = [torch.empty_like(g) for g in grads]
-    return median_us(lambda: ops.unpack_rows(out, buffer, grads[0].shape[0], 1.0), runs)
+    zeroing = median_us(lambda: ops.unpack_rows(out, buffer, grads[0].shape[0], 1.0), runs)
+    into_zeros = median_us(lambda: ops.unpack_rows(out, buffer, grads[0].shape[0], 1.0, zeroed=True), runs,
+                           lambda: torch._foreach_zero_(out))  # fmt: skip
+    return {"zeroing_us": zeroing, "into_zeros_us": into_zeros}
 
 
 def trained_splats(run: Path, device: torch.device) -> dict[str, torch.Tensor]:
@@ -144,28 +155,28 @@ def training_cameras(run: Path, data: Path, count: int, device: torch.device) ->
     return cameras
 
 
-def view_gradients(params: dict[str, torch.Tensor], camera: RasterCamera) -> list[torch.Tensor]:
-    view_backward(params, camera, "auto")
+def view_gradients(params: dict[str, torch.Tensor], camera: RasterCamera) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """-> (one view's gradients of each parameter, the render's screen radii [N] int32)."""
+    radii = view_backward(params, camera, "auto")
     grads = [p.grad.detach().clone() for p in params.values()]
     for p in params.values():
         p.grad = None
-    return grads
+    return grads, radii
 
 
 def measure_trained(run: Path, data: Path, views: int, runs: int, device: torch.device) -> dict:
     """`measure` for each of the run's first training views; medians over the views, and each view's figures."""
     params = trained_splats(run, device)
     cameras = training_cameras(run, data, views, device)
-    per_view = [measure_grads(view_gradients(params, cam), (cam.width, cam.height), runs) for cam in cameras]
+    per_view = [measure_grads(*view_gradients(params, cam), (cam.width, cam.height), runs) for cam in cameras]
     summary = {
         "run": str(run),
         "views": len(per_view),
-        "touched_fraction": median(v["touched_fraction"] for v in per_view),
-        "exchange_replayed_us": {
-            plan: median(v["exchange_replayed_us"][plan] for v in per_view) for plan in ("all_gather", "routed")
+        **{key: median(v[key] for v in per_view) for key in ("touched_fraction", "in_view_fraction")},
+        **{
+            key: {k: median(v[key][k] for v in per_view) for k in per_view[0][key]}
+            for key in ("exchange_replayed_us", "pack", "unpack_us")
         },
-        "pack": {k: median(v["pack"][k] for v in per_view) for k in per_view[0]["pack"]},
-        "unpack_us": median(v["unpack_us"] for v in per_view),
         "per_view": per_view,
     }
     return {**per_view[0], **summary}
@@ -174,11 +185,12 @@ def measure_trained(run: Path, data: Path, views: int, runs: int, device: torch.
 def measure(scene: str, runs: int, device: torch.device) -> dict:
     n, make_camera, size = SCENES[scene]
     params = room_splats(n, seed=0, device=device)
-    return measure_grads(view_gradients(params, make_camera(1, device, *size)), size, runs)
+    return measure_grads(*view_gradients(params, make_camera(1, device, *size)), size, runs)
 
 
-def measure_grads(grads: list[torch.Tensor], size: tuple[int, int], runs: int) -> dict:
-    """The exchange's cost on one view's gradients `grads` (the splat parameters', [N, ...] each)."""
+def measure_grads(grads: list[torch.Tensor], visible: torch.Tensor, size: tuple[int, int], runs: int) -> dict:
+    """The exchange's cost on one view's gradients `grads` (the splat parameters', [N, ...] each), whose render gave
+    the screen radii `visible` [N]."""
     n = grads[0].shape[0]
     flat = torch.cat([g.reshape(n, -1) for g in grads], 1)  # [N, 59]
     copy = torch.empty_like(flat)
@@ -186,9 +198,14 @@ def measure_grads(grads: list[torch.Tensor], size: tuple[int, int], runs: int) -
         "splats": n,
         "image": f"{size[0]}x{size[1]}",
         "touched_fraction": float(flat.ne(0).any(1).float().mean()),
+        "in_view_fraction": float(visible.ne(0).float().mean()),
         "gradient_mib": flat.numel() * 4 / 2**20,
-        "exchange_replayed_us": {plan: replayed_us(grads, plan == "routed", runs) for plan in ("all_gather", "routed")},
-        "pack": pack_us(grads, runs),
+        "exchange_replayed_us": {
+            "all_gather": replayed_us(grads, False, runs),
+            "all_gather_told_view": replayed_us(grads, False, runs, visible),
+            "routed": replayed_us(grads, True, runs),
+        },
+        "pack": pack_us(grads, runs, visible),
         "unpack_us": unpack_us(grads, runs),
         "copy_of_gradients_us": median_us(lambda: copy.copy_(flat), runs),
         "kernels_us_per_exchange": kernels_us(grads),
@@ -204,9 +221,15 @@ def main() -> None:
                         help="a bytesplat run folder on the generated room (config.yml's folder)")  # fmt: skip
     parser.add_argument("--room-data", type=Path, default=Path("/tmp/room-scene"), help="that run's scene")
     parser.add_argument("--trained-views", type=int, default=8)
+    parser.add_argument("--train-room", type=int, default=0, metavar="VIEWS",
+                        help="generate the room into --room-data, train it VIEWS views, measure it")  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cuda")
     began = time.perf_counter()
+    if args.train_room:
+        run = train_run(room_scene(args.room_data), args.train_room, 1, Path("/tmp/room-runs"), evaluate=False, seed=43)
+        print(f"room trained: {args.train_room} views at {run['views_per_second']:.1f} views/s: {run['run_dir']}")
+        args.trained_room = Path(run["run_dir"])
     dist.init_process_group("nccl", init_method=f"file:///tmp/exchange-cost-{time.time_ns()}", rank=0, world_size=1)
     results = {scene: measure(scene, args.runs, device) for scene in args.scenes}
     if args.trained_room:
@@ -219,16 +242,19 @@ def main() -> None:
     for scene, r in results.items():
         top = ", ".join(f"{k[:40]} {v:.0f}" for k, v in list(r["kernels_us_per_exchange"].items())[:4])
         print(f"{scene}: kernels per exchange (us): {top}")
-    print(f"{'scene':<11} {'touched':>8} {'MiB':>6} {'graph ag':>9} {'routed':>8} {'pack':>7} {'pack held':>10} "
-          f"{'unpack':>7} {'copy':>7}")  # fmt: skip
+    print(f"{'scene':<12} {'touched':>8} {'in view':>8} {'MiB':>5} {'graph ag':>9} {'ag view':>8} {'routed':>7} "
+          f"{'pack':>6} {'pk view':>8} {'pk held':>8} {'unpack':>7} {'unp 0s':>7} {'copy':>6}")  # fmt: skip
     for scene, r in results.items():
-        ex, pack = r["exchange_replayed_us"], r["pack"]
-        print(f"{scene:<11} {100 * r['touched_fraction']:7.1f}% {r['gradient_mib']:6.0f} {ex['all_gather']:9.0f} "
-              f"{ex['routed']:8.0f} {pack['nothing_held_us']:7.0f} {pack['one_row_held_us']:10.0f} "
-              f"{r['unpack_us']:7.0f} {r['copy_of_gradients_us']:7.0f}")  # fmt: skip
+        ex, pack, unpack = r["exchange_replayed_us"], r["pack"], r["unpack_us"]
+        print(f"{scene:<12} {100 * r['touched_fraction']:7.1f}% {100 * r['in_view_fraction']:7.1f}% "
+              f"{r['gradient_mib']:5.0f} {ex['all_gather']:9.0f} {ex['all_gather_told_view']:8.0f} {ex['routed']:7.0f} "
+              f"{pack['nothing_held_us']:6.0f} {pack['in_view_us']:8.0f} {pack['one_row_held_us']:8.0f} "
+              f"{unpack['zeroing_us']:7.0f} {unpack['into_zeros_us']:7.0f} "
+              f"{r['copy_of_gradients_us']:6.0f}")  # fmt: skip
     print(
-        f"(one rank on {record['device']}; microseconds, median of {args.runs}; graph ag / routed: the exchange's "
-        "device part replayed from a CUDA graph, rows all-gathered / routed to owners)"
+        f"(one rank on {record['device']}; microseconds, median of {args.runs}; graph ag / ag view / routed: the "
+        "exchange's device part replayed from a CUDA graph, rows all-gathered (told the view's radii or not) / "
+        "routed to owners; pk: pack kernel; unp 0s: unpack into gradients a clear pack left zero)"
     )
 
 

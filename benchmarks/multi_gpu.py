@@ -127,14 +127,15 @@ def camera_looking(position: torch.Tensor, forward: torch.Tensor, device: torch.
     return RasterCamera(viewmat.to(device), K.to(device), width, height)
 
 
-def view_backward(params: dict[str, torch.Tensor], camera: RasterCamera, backend: str) -> None:
+def view_backward(params: dict[str, torch.Tensor], camera: RasterCamera, backend: str) -> torch.Tensor:
     """Renders raw splat parameters (room_splats) from `camera` at SH degree 3 and backpropagates an L1 loss
-    against grey: each parameter's .grad then holds the view's gradient."""
+    against grey: each parameter's .grad then holds the view's gradient. -> the render's screen radii [N] int32."""
     colors = torch.cat([params["features_dc"][:, None], params["features_rest"]], dim=1)
     splats = Splats(params["means"], params["quats"], params["scales"].exp(),
                     params["opacities"].sigmoid().squeeze(-1), colors)  # fmt: skip
     out = rasterize(splats, camera, RasterizeOptions(sh_degree=3, backend=backend))
     out.rgb.sub(0.5).abs().mean().backward()
+    return out.radii.reshape(-1)
 
 
 def _room_rank(rank: int, world: int, init: str, result: str, smoke: bool) -> None:

@@ -103,6 +103,7 @@ def finish_run(job: TrainJob, evaluate: bool = True) -> dict:
     others = [json.loads(p.read_text())["phase_ms"] for p in sorted(run_dir.glob("bytesplat_stats_rank*.json"))]
     profiles = [json.loads(p.read_text()) for p in sorted(run_dir.glob("step_profile*.json"))]
     record = {
+        "run_dir": str(run_dir),
         "gpus": job.gpus,
         "exchange": job.exchange,
         "views": job.views,
