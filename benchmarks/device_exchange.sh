@@ -22,7 +22,7 @@ grep -h -B2 -A12 "Traceback" "$OUT/exchange_cost.log" /tmp/room-runs/*.log 2>/de
 if [ -n "${BEFORE:-}" ]; then
   run=$(grep -o "room trained: .*: .*" "$OUT/exchange_cost.log" | sed 's/.*: //')
   rm -rf /tmp/before && mkdir -p /tmp/before && tar -xzf ".build-cache/versions/$BEFORE.tar.gz" -C /tmp/before
-  (cd /tmp/before && PYTHONPATH=/tmp/before python3 benchmarks/exchange_cost.py --scenes room object \
+  (cd /tmp/before && PYTHONPATH="/tmp/before:$PYTHONPATH" python3 benchmarks/exchange_cost.py --scenes room object \
     ${run:+--trained-room "$run" --room-data /tmp/room-scene} --json "$OUT/exchange_cost_before.json") \
     > "$OUT/exchange_cost_before.log" 2>&1 || status=1
   grep -h -B2 -A12 "Traceback" "$OUT/exchange_cost_before.log" | tail -20

@@ -294,13 +294,15 @@ def test_pack_kernel_rows_of_any_width(widths):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
-@pytest.mark.parametrize("share", [0.05, 0.9])  # rows in view: tiles read row by row, or read whole
+@pytest.mark.parametrize("share", [0.05, 0.9])  # rows in view: listed and read alone, or every row read
 @pytest.mark.parametrize("held", [False, True])
-def test_pack_kernel_skips_rows_out_of_view_and_clears_what_it_read(share, held):
-    """Told which rows are in view (screen radii), the pack kernel sends the same rows as the gradients hold, reads
-    no row out of view where few are in view (NaN there is never sent), and reads every row while the residual
-    holds one (a held row out of view is sent). With `clear` every row it read is +0.0 afterwards, rows of -0.0
-    included; an unpack told that the gradients are zeros gives the mean an unpack zeroing them gives."""
+@pytest.mark.parametrize("capacity", [ROWS, 60])  # all fit; fewer than the touched rows (the rest held back)
+def test_pack_kernel_skips_rows_out_of_view_and_clears_what_it_read(share, held, capacity):
+    """Told which rows are in view (screen radii), the pack kernel sends the rows the gradients hold (those past
+    the capacity held back in the residual), reads no row out of view where few are in view (NaN there is never
+    sent), and reads every row while the residual holds one (a held row out of view is sent). With `clear` every
+    row it read is +0.0 afterwards, rows of -0.0 included; an unpack told that the gradients are zeros gives what
+    an unpack zeroing them gives."""
     from bytesplat_ns.cuda import ops
 
     device = torch.device("cuda")
@@ -323,18 +325,22 @@ def test_pack_kernel_skips_rows_out_of_view_and_clears_what_it_read(share, held)
         residual[out_of_view] = 1.0
         want[out_of_view] += 1.0
     radii = view.int() * 5
-    buffer = ops.pack_rows(grads, ROWS, 0, False, residual, count, visible=radii, clear=True)
-    assert buffer[0, 0, :1].view(torch.int32).item() == int(want.ne(0).any(1).sum())
+    buffer = ops.pack_rows(grads, capacity, 0, False, residual, count, visible=radii, clear=True)
+    touched_rows = int(want.ne(0).any(1).sum())
+    assert buffer[0, 0, :1].view(torch.int32).item() == touched_rows
+    assert int(count) == max(0, touched_rows - capacity)
     after = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)
     zeroed = view if unread else torch.ones_like(view)
     assert bool((after[zeroed].view(torch.int32) == 0).all())  # +0.0, bit for bit
     if unread:
         assert bool(after[~view].isnan().all())  # never read, never written
     got = [torch.full_like(g, float("nan")) for g in grads]
-    ops.unpack_rows(got, buffer, ROWS, 1.0)
-    assert torch.equal(torch.cat([g.reshape(ROWS, -1) for g in got], 1), want)
+    ops.unpack_rows(got, buffer, capacity, 1.0)
+    sent = torch.cat([g.reshape(ROWS, -1) for g in got], 1)
+    assert not bool((sent.ne(0).any(1) & residual.ne(0).any(1)).any())  # sent or held, not both
+    assert torch.equal(sent + residual, want)
     zeros = [torch.zeros_like(g) for g in grads]
-    ops.unpack_rows(zeros, buffer, ROWS, 1.0, zeroed=True)
+    ops.unpack_rows(zeros, buffer, capacity, 1.0, zeroed=True)
     assert all(torch.equal(z, g) for z, g in zip(zeros, got))
 
 

@@ -8,8 +8,9 @@
 // pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, copied
 //         as it is into shared memory (16 bytes a load); then a warp per row tells whether it is touched, one
 //         thread per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
-//         With the render's radii (`visible`), a tile of rows none of which is in view is skipped unread and one
-//         with few in view has those rows copied one by one: a room seen from inside touches a fifth of the rows.
+//         With the render's radii (`visible`), a first kernel lists the rows in view (one atomic per warp), and
+//         unless most rows are in view the pack's tiles are of listed rows, each copied by a warp (a room seen from
+//         inside has a fifth of its rows in view: the other rows are neither read nor walked over).
 //         With `clear` a warp per row read that holds a bit writes it back as zeros, which spares the unpack its
 //         pass zeroing all of the gradients.
 // unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
@@ -29,7 +30,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
 constexpr int kLaneColumns = 2;  // a lane's first columns, whose places stay in registers (rows of up to 64 values)
-constexpr int kUntouched = -1;   // a pack tile row's slot: all of its values are +0.0, or it was not read
+constexpr int kUntouched = -1;   // a pack tile row's slot: all of its values are +0.0
 constexpr int kSignedZeros = -2;  // untouched, but with a value of -0.0: zeroed all the same with `clear`
 
 // Where column `col` of a row (the parts laid side by side) lies: in part `part`, at `within`, after `before`
@@ -141,36 +142,48 @@ struct LaneColumns {
   }
 };
 
+// The rows where visible[i] is not 0, in `listed` (in no particular order); their count in *count (zero before).
+__global__ void __launch_bounds__(kThreads) list_kernel(const int32_t* visible, int64_t rows, int32_t* listed,
+                                                        int* count) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads + (threadIdx.x & ~31); base < rows;
+       base += static_cast<int64_t>(gridDim.x) * kThreads) {  // whole warps: the ballot takes every lane
+    const int64_t i = base + lane;
+    const unsigned in_view = __ballot_sync(kAllLanes, i < rows && visible[i] != 0);
+    int first = 0;
+    if (lane == 0 && in_view != 0u) first = atomicAdd(count, __popc(in_view));
+    first = __shfl_sync(kAllLanes, first, 0);
+    if (in_view & (1u << lane)) listed[first + __popc(in_view & ((1u << lane) - 1u))] = static_cast<int32_t>(i);
+  }
+}
+
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, const int tile_rows) {
   using Buf = RowBuffer<kHalf>;
   extern __shared__ float4 tile_quads[];  // the tile: tile_rows rows of each part, part after part
   float* tile = reinterpret_cast<float*>(tile_quads);
   __shared__ int slot_of[kThreads];  // each tile row's slot in its owner's buffer, or kUntouched, kSignedZeros
+  __shared__ int32_t row_at[kThreads];  // with listed rows: each tile row's row
   const int d = p.grads.values, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const LaneColumns columns(p.grads, tile_rows);
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.owners) p.headers[threadIdx.x * kHeaderInts + 1] = p.note;
   const bool held = p.residual != nullptr && *p.residual_rows > 0;  // set after this launch, by the host's copy
-  const bool by_view = p.visible != nullptr && !held;  // held rows may lie outside this view
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile_rows; first < p.grads.rows;
+  // Tiles of the rows in view, unless most rows are (then tiles of consecutive rows, read whole: the rows out of
+  // view hold zeros) or rows are held (those may lie outside the view).
+  const int64_t in_view = p.listed != nullptr ? p.headers[p.owners * kHeaderInts + 1] : p.grads.rows;
+  const bool listed = p.listed != nullptr && !held && 2 * in_view < p.grads.rows;
+  const int64_t entries = listed ? in_view : p.grads.rows;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile_rows; first < entries;
        first += static_cast<int64_t>(gridDim.x) * tile_rows) {
-    const int n = static_cast<int>(min(static_cast<int64_t>(tile_rows), p.grads.rows - first));
-    // 0. With the view: the tile's rows in view (slot 0 for now); none in view, nothing to read.
-    bool one_by_one = false;  // read only the rows in view
-    if (by_view) {
-      const int t = threadIdx.x;
-      const bool in_view = t < n && p.visible[first + t] != 0;
-      if (t < n) slot_of[t] = in_view ? 0 : kUntouched;
-      const int rows_in_view = __syncthreads_count(in_view);
-      if (rows_in_view == 0) continue;  // every thread alike: the count is the block's
-      one_by_one = 2 * rows_in_view < n;
-    }
+    const int n = static_cast<int>(min(static_cast<int64_t>(tile_rows), entries - first));
+    const auto row_of = [&](int r) -> int64_t { return listed ? static_cast<int64_t>(row_at[r]) : first + r; };
     // 1. The tile's values: part q's n rows are one contiguous range of n x width values, copied as they are
-    //    (four at a time where both sides are 16-byte aligned); or, one by one, the rows in view (a warp each).
-    if (one_by_one) {
+    //    (four at a time where both sides are 16-byte aligned); or the listed rows, a warp each.
+    if (listed) {
+      if (static_cast<int>(threadIdx.x) < n) row_at[threadIdx.x] = p.listed[first + threadIdx.x];
+      __syncthreads();
       for (int r = warp; r < n; r += kWarps) {
-        if (slot_of[r] == kUntouched) continue;
-        columns.each(p.grads, tile_rows, r, first + r, [&](int, int at, const float* grad) { tile[at] = *grad; });
+        columns.each(p.grads, tile_rows, r, row_at[r], [&](int, int at, const float* grad) { tile[at] = *grad; });
       }
     } else {
       for (int q = 0, offset = 0; q < p.grads.parts; offset += p.grads.width[q], ++q) {
@@ -188,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
       }
     }
     __syncthreads();
-    if (held) {  // the residual's rows added in: a warp per row
+    if (held) {  // the residual's rows added in: a warp per row (rows held: tiles of consecutive rows)
       for (int r = warp; r < n; r += kWarps) {
         const float* res = p.residual + (first + r) * d;
         columns.each(p.grads, tile_rows, r, first + r, [&](int col, int at, const float*) { tile[at] += res[col]; });
@@ -198,9 +211,8 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
     // 2. Touched rows (a value other than +-0) and rows with a bit set: a warp per row read. With rows held in the
     //    residual the tile is not the gradient, so every row counts as one with a bit set.
     for (int r = warp; r < n; r += kWarps) {
-      if (one_by_one && slot_of[r] == kUntouched) continue;  // not read
       unsigned bits = 0u;
-      columns.each(p.grads, tile_rows, r, first + r,
+      columns.each(p.grads, tile_rows, r, row_of(r),
                    [&](int, int at, const float*) { bits |= __float_as_uint(tile[at]); });
       const bool touched = __any_sync(kAllLanes, (bits & 0x7fffffffu) != 0u);
       const bool signed_zeros = held || __any_sync(kAllLanes, bits != 0u);
@@ -213,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
       const bool touched = t < n && slot_of[t] == 0;
       const unsigned active = __ballot_sync(kAllLanes, touched);
       if (touched) {
-        const int owner = p.owners == 1 ? 0 : static_cast<int>((first + t) % p.owners);
+        const int owner = p.owners == 1 ? 0 : static_cast<int>(row_of(t) % p.owners);
         const unsigned same = __match_any_sync(active, owner);  // this warp's touched rows of this owner
         const int leader = __ffs(same) - 1;
         int base = 0;
@@ -229,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
     //    read that hold a bit zeroed in the gradients: a warp per row.
     for (int r = warp; r < n; r += kWarps) {
       const int slot = slot_of[r];
-      const int64_t row = first + r;
+      const int64_t row = row_of(r);
       if (slot >= 0 && slot < p.capacity) {
         const int64_t owner = p.owners == 1 ? 0 : row % p.owners;
         typename Buf::Value* out = Buf::row(p.buffer, owner * (p.capacity + 1) + 1 + slot, d);
@@ -320,6 +332,10 @@ int pack_tile_rows(int values) {
 }  // namespace
 
 cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream) {
+  if (p.visible != nullptr) {
+    list_kernel<<<blocks_for(p.grads.rows, kThreads), kThreads, 0, stream>>>(
+        p.visible, p.grads.rows, p.listed, p.headers + p.owners * kHeaderInts + 1);
+  }
   const int tile_rows = pack_tile_rows(p.grads.values);
   const unsigned blocks = blocks_for(p.grads.rows, tile_rows);
   const size_t shared = sizeof(float) * tile_rows * p.grads.values;

@@ -18,9 +18,9 @@
 //         The headers are counted in a small int32 array and copied into the buffers' header rows after the
 //         launch (a float16 row may start on a 2-byte boundary). No host sync.
 //         `visible` (optional, [N] int32, the render's screen radii): the caller's word that every row where it is
-//         0 holds zeros (a culled splat's gradient); those rows are not read, and a tile of rows with fewer than
-//         half in view reads its rows in view one by one instead of the whole tile. Not used while the residual
-//         holds rows (those may lie outside the view).
+//         0 holds zeros (a culled splat's gradient). A first launch lists the rows in view; unless most rows are,
+//         the pack then reads those alone (one by one, into tiles of listed rows), not the others. Not used while
+//         the residual holds rows (those may lie outside the view).
 //         `clear`: every row read that is not bitwise zero (a touched row, or one of -0.0s) is zeroed in the
 //         gradients, so that after the launch they are all zeros and the unpack need not zero them.
 // unpack: the gradients zeroed (unless the caller says they are zeros already: `zeroed`, after a `clear` pack),
@@ -55,11 +55,12 @@ struct PackParams {
   float* residual;            // [N, D] the rows held (added in), then the rows past the capacity; or nullptr
                               // (each value is read, then written, by the same lane); zeros elsewhere
   const int* residual_rows;   // [1] how many rows `residual` holds (0: it is all zeros, not read)
-  const int32_t* visible;     // [N] or nullptr: rows where it is 0 hold zeros and are not read
+  const int32_t* visible;     // [N] or nullptr: rows where it is 0 hold zeros and need not be read
+  int32_t* listed;            // [N] with `visible`: the rows in view, listed by the first launch
   bool clear;                 // zero the gradient rows read that are not bitwise zero
   void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
-  int* headers;               // [owners * kHeaderInts + 1] zeroed before the launch: counts (atomic) and notes,
-                              // then the rows this pack held in `residual` (atomic)
+  int* headers;               // [owners * kHeaderInts + 2] zeroed before the launch: counts (atomic) and notes,
+                              // then the rows this pack held in `residual` (atomic), the rows listed (atomic)
   bool half;
   int capacity;
   int owners;
