@@ -69,13 +69,19 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   const int64_t width = row_slots(half) + parts.values;
   at::Tensor buffer = at::empty({owners, capacity + 1, width}, grads[0].options().dtype(dtype));
   at::Tensor headers = at::zeros({owners * kHeaderInts + 2}, grads[0].options().dtype(at::kInt));
-  at::Tensor listed = visible.has_value() ? at::empty({parts.rows}, headers.options()) : at::Tensor();
+  at::Tensor listed, list_temp;
+  if (visible.has_value()) {
+    listed = at::empty({parts.rows}, headers.options());
+    list_temp = at::empty({static_cast<int64_t>(list_rows_temp_bytes(parts.rows))}, headers.options().dtype(at::kByte));
+  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const PackParams p{parts,
                      residual.has_value() ? residual->data_ptr<float>() : nullptr,
                      residual_rows.has_value() ? residual_rows->data_ptr<int>() : nullptr,
                      visible.has_value() ? visible->data_ptr<int32_t>() : nullptr,
                      visible.has_value() ? listed.data_ptr<int32_t>() : nullptr,
+                     visible.has_value() ? list_temp.data_ptr() : nullptr,
+                     visible.has_value() ? static_cast<size_t>(list_temp.numel()) : 0,
                      clear,
                      buffer.data_ptr(),
                      headers.data_ptr<int>(),

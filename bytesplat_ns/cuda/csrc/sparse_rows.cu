@@ -8,15 +8,20 @@
 // pack:   a block takes a tile of consecutive rows; each part's slice of the tile is one contiguous range, copied
 //         as it is into shared memory (16 bytes a load); then a warp per row tells whether it is touched, one
 //         thread per row takes a slot (one atomic per warp and owner), and a warp per sent row writes it out.
-//         With the render's radii (`visible`), a first kernel lists the rows in view (one atomic per warp), and
+//         With the render's radii (`visible`), cub's DeviceSelect first lists the rows in view, in row order, and
 //         unless most rows are in view the pack's tiles are of listed rows, each copied by a warp (a room seen from
-//         inside has a fifth of its rows in view: the other rows are neither read nor walked over).
+//         inside has a fifth of its rows in view: the other rows are neither read nor walked over). In row order,
+//         the tiles cover increasing stretches of rows, as the tiles of consecutive rows do, so the buffer's rows
+//         and the unpack's writes keep their locality: listed in no order (one atomic per warp of a listing
+//         kernel), the rows packed faster but the unpack lost as much again (benchmarks/RESULTS.md).
 //         With `clear` a warp per row read that holds a bit writes it back as zeros, which spares the unpack its
 //         pass zeroing all of the gradients.
 // unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
 //         its adds (the gradient pointers could alias the buffer's, so the compiler would not reorder them itself).
 #include <cuda_fp16.h>
 
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
 #include <type_traits>
 
 #include "sparse_rows.h"
@@ -141,21 +146,6 @@ struct LaneColumns {
     }
   }
 };
-
-// The rows where visible[i] is not 0, in `listed` (in no particular order); their count in *count (zero before).
-__global__ void __launch_bounds__(kThreads) list_kernel(const int32_t* visible, int64_t rows, int32_t* listed,
-                                                        int* count) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads + (threadIdx.x & ~31); base < rows;
-       base += static_cast<int64_t>(gridDim.x) * kThreads) {  // whole warps: the ballot takes every lane
-    const int64_t i = base + lane;
-    const unsigned in_view = __ballot_sync(kAllLanes, i < rows && visible[i] != 0);
-    int first = 0;
-    if (lane == 0 && in_view != 0u) first = atomicAdd(count, __popc(in_view));
-    first = __shfl_sync(kAllLanes, first, 0);
-    if (in_view & (1u << lane)) listed[first + __popc(in_view & ((1u << lane) - 1u))] = static_cast<int32_t>(i);
-  }
-}
 
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, const int tile_rows) {
@@ -331,10 +321,21 @@ int pack_tile_rows(int values) {
 
 }  // namespace
 
+size_t list_rows_temp_bytes(int64_t rows) {
+  size_t bytes = 0;
+  cub::DeviceSelect::Flagged(nullptr, bytes, thrust::counting_iterator<int32_t>(0),
+                             static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                             static_cast<int*>(nullptr), static_cast<int>(rows));
+  return bytes;
+}
+
 cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream) {
-  if (p.visible != nullptr) {
-    list_kernel<<<blocks_for(p.grads.rows, kThreads), kThreads, 0, stream>>>(
-        p.visible, p.grads.rows, p.listed, p.headers + p.owners * kHeaderInts + 1);
+  if (p.visible != nullptr) {  // the rows in view, in row order; their count after the headers and the held count
+    size_t bytes = p.list_temp_bytes;
+    const cudaError_t listed = cub::DeviceSelect::Flagged(
+        p.list_temp, bytes, thrust::counting_iterator<int32_t>(0), p.visible, p.listed,
+        p.headers + p.owners * kHeaderInts + 1, static_cast<int>(p.grads.rows), stream);
+    if (listed != cudaSuccess) return listed;
   }
   const int tile_rows = pack_tile_rows(p.grads.values);
   const unsigned blocks = blocks_for(p.grads.rows, tile_rows);

@@ -18,7 +18,7 @@
 //         The headers are counted in a small int32 array and copied into the buffers' header rows after the
 //         launch (a float16 row may start on a 2-byte boundary). No host sync.
 //         `visible` (optional, [N] int32, the render's screen radii): the caller's word that every row where it is
-//         0 holds zeros (a culled splat's gradient). A first launch lists the rows in view; unless most rows are,
+//         0 holds zeros (a culled splat's gradient). cub first lists the rows in view; unless most rows are,
 //         the pack then reads those alone (one by one, into tiles of listed rows), not the others. Not used while
 //         the residual holds rows (those may lie outside the view).
 //         `clear`: every row read that is not bitwise zero (a touched row, or one of -0.0s) is zeroed in the
@@ -33,6 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace bytesplat {
@@ -56,7 +57,9 @@ struct PackParams {
                               // (each value is read, then written, by the same lane); zeros elsewhere
   const int* residual_rows;   // [1] how many rows `residual` holds (0: it is all zeros, not read)
   const int32_t* visible;     // [N] or nullptr: rows where it is 0 hold zeros and need not be read
-  int32_t* listed;            // [N] with `visible`: the rows in view, listed by the first launch
+  int32_t* listed;            // [N] with `visible`: the rows in view, listed in row order before the pack
+  void* list_temp;            // list_rows_temp_bytes(N) bytes of scratch for the listing
+  size_t list_temp_bytes;
   bool clear;                 // zero the gradient rows read that are not bitwise zero
   void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
   int* headers;               // [owners * kHeaderInts + 2] zeroed before the launch: counts (atomic) and notes,
@@ -79,6 +82,7 @@ struct UnpackParams {
   bool first;  // the first rank unpacked: its rows go into zeros, written without reading them
 };
 
+size_t list_rows_temp_bytes(int64_t rows);  // the scratch the listing of the rows in view needs
 cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream);
 cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream);
 
