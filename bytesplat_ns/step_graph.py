@@ -73,7 +73,7 @@ def ineligible(trainer) -> str | None:
     checks = [
         (not trainer.device.startswith("cuda"), "training on the CPU"),
         (trainer.world_size > 1 and not trainer.config.cuda_graph_several_gpus,
-         "several GPUs (--cuda-graph-several-gpus True replays their steps too; not yet checked on two GPUs)"),
+         "several GPUs (--cuda-graph-several-gpus True replays their steps too; its two-GPU quality is not settled)"),
         (trainer.world_size > 1 and not (isinstance(exchange, SparseRowExchange) and exchange.kernels),
          "several processes without the compacted exchange's kernels (--pipeline.exchange dense, or "
          "--pipeline.exchange-kernels False)"),

@@ -76,7 +76,8 @@ class ByteSplatTrainerConfig(TrainerConfig):
     again after densification (step_graph.py says when it applies). False: every step runs op by op."""
     cuda_graph_several_gpus: bool = False
     """With several GPUs: replay each rank's step, the compacted exchange's NCCL all-gather inside, as a CUDA graph
-    too. Off by default: this path has passed its CPU tests but not yet a run on two GPUs (benchmarks/RESULTS.md)."""
+    too. Off by default: its one two-GPU run so far (lego, thirty-fifth session) trained at 1.14x one GPU's views
+    per second, and whether it keeps the held-out quality is not settled yet (benchmarks/RESULTS.md)."""
     adam_one_launch: bool = True
     """On CUDA: step every parameter group's Adam in one kernel launch (adam_all_groups.py). False: nerfstudio's
     per-group step (torch's fused Adam, two launches per group)."""
