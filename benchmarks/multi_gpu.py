@@ -267,7 +267,8 @@ def main() -> None:
     if args.cpu_smoke:
         print(json.dumps(room, indent=2))
         return
-    print(json.dumps(room, indent=2), flush=True)
+    kept = f"room exchange: kept from {args.add_to}, not measured in this call"
+    print(kept if earlier else json.dumps(room, indent=2), flush=True)
     record: dict = {"gpu": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}", "room_2m": room}
 
     def save() -> None:  # what is done so far, should a later run fail
