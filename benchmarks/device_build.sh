@@ -2,7 +2,7 @@
 # Sourced by the device_*.sh scripts on the GPU machine: build (or load) bytesplat's CUDA extension once and copy
 # the .so to $OUT when this call built it, so a later call can carry it back (put it in .build-cache/ext/ and carry
 # .build-cache); one loaded from the carried cache is not sent back ($OUT holds 8 files).
-# Writes $OUT/build.log.
+# Writes $OUT/build.log. Defines run_gpu_tests for the scripts that source it.
 export MAX_JOBS=12 TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
 export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext}
 build_start=$(date +%s)
@@ -28,3 +28,12 @@ if [ -n "$so" ] && grep -q "built in this call" "$OUT/build.log"; then
   cp "$so" "$OUT/" && echo "built module: $(basename "$so") (carry it back via BYTESPLAT_EXT_DIR)"
 fi
 echo "build: $(( $(date +%s) - build_start )) s"
+
+# run_gpu_tests DEFAULT: pytest on $GPU_TESTS (DEFAULT when it is unset; GPU_TESTS="" runs none) into $OUT/pytest.log,
+# its last lines shown.
+run_gpu_tests() {
+  local tests=${GPU_TESTS-$1}
+  [ -n "$tests" ] || return 0
+  python3 -m pytest -p no:cacheprovider -q -rs $tests > "$OUT/pytest.log" 2>&1
+  tail -3 "$OUT/pytest.log"
+}

@@ -11,10 +11,7 @@ OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
 source benchmarks/device_build.sh
-if [ -n "${GPU_TESTS-tests/test_grad_compaction.py}" ]; then
-  python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS-tests/test_grad_compaction.py} > "$OUT/pytest.log" 2>&1
-  tail -3 "$OUT/pytest.log"
-fi
+run_gpu_tests tests/test_grad_compaction.py
 status=0
 python3 benchmarks/exchange_cost.py --json "$OUT/exchange_cost.json" ${EXCHANGE_ARGS:-} > "$OUT/exchange_cost.log" 2>&1 \
   || status=1

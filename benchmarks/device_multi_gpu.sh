@@ -11,10 +11,7 @@ OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
 source benchmarks/device_build.sh
-if [ -n "${GPU_TESTS-tests/test_grad_compaction.py}" ]; then
-  python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS-tests/test_grad_compaction.py} > "$OUT/pytest.log" 2>&1
-  tail -3 "$OUT/pytest.log"
-fi
+run_gpu_tests tests/test_grad_compaction.py
 python3 benchmarks/exchange_host.py --json "$OUT/exchange_host.json" 2>&1 | tail -22
 if [ -n "${PROBES:-}" ]; then
   for renderer in ${RENDERERS:-auto}; do

@@ -26,10 +26,7 @@ OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
 source benchmarks/device_build.sh
-if [ -n "${GPU_TESTS-tests/test_step_graph.py}" ]; then
-  python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS-tests/test_step_graph.py} > "$OUT/pytest.log" 2>&1
-  tail -3 "$OUT/pytest.log"
-fi
+run_gpu_tests tests/test_step_graph.py
 status=0
 bench() {  # bench NAME ARGS...: benchmarks/NAME.py on lego; its log and JSON in $OUT; tracebacks, table
   local name=$1 runs=/tmp/${1//_/-}; shift  # runs: /tmp/step-time, /tmp/time-to-target, /tmp/versions-ab, ...

@@ -84,7 +84,7 @@ def ineligible(trainer) -> str | None:
          "the datamanager is not bytesplat's (it stores the camera matrices the graph reads)"),
         (cfg.use_scale_regularization, "scale regularisation (every 10th step differs)"),
         (trainer.mixed_precision, "mixed precision"),
-        (any(n != 1 for n in trainer.gradient_accumulation_steps.values()), "gradient accumulation"),
+        (trainer.accumulates_gradients, "gradient accumulation"),
         (trainer.adam is None, f"the one-launch Adam is off ({trainer.adam_off})"),
     ]  # fmt: skip
     return next((why for failed, why in checks if failed), None)

@@ -347,12 +347,15 @@ class ByteSplatTrainer(Trainer):
             optimizers.optimizer_scaler_step_some(self.grad_scaler, stepping)
         return loss, loss_dict, metrics_dict, exchange
 
+    @property
+    def accumulates_gradients(self) -> bool:
+        """Whether a parameter group steps only every few steps, on the gradients summed over them."""
+        return any(n != 1 for n in self.gradient_accumulation_steps.values())
+
     def _visible_rows(self) -> Tensor | None:
         """[N] int32 this step's screen radii, for the exchange to skip the culled splats' rows, which hold zeros
-        (model.visible_radii); None while a splat group accumulates gradients over steps (an earlier view's rows)."""
-        if any(n != 1 for n in self.gradient_accumulation_steps.values()):
-            return None
-        return self.pipeline.model.visible_radii()
+        (model.visible_radii); None while gradients accumulate over steps (an earlier view's rows)."""
+        return None if self.accumulates_gradients else self.pipeline.model.visible_radii()
 
     def _graph_body(self, guard_step: Tensor, camera, batch: dict) -> tuple:
         """The step as the CUDA graph records it (no gradient accumulation there: every group steps)."""
