@@ -222,9 +222,9 @@ class SparseRowExchange:
         self._note.fill_(note)
         rows = self.capacity + 1 + (self.route_capacity + 1 if self._routed else 0)  # to each peer
         self._sent_bytes = (world - 1) * rows * self._row_bytes()
-        self._dense = self._sent_bytes > _ring_all_reduce_bytes(world, num_rows * width)
+        self._dense = self._sent_bytes > ring_all_reduce_bytes(world, num_rows * width)
         if self._dense:
-            self._sent_bytes = _ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
+            self._sent_bytes = ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
         held = [h.values if h is not None else None for h in (self._residual, self._held)]
         addresses = tuple(t.data_ptr() if t is not None else None for t in (*held, self._sums))
         return self.capacity, self.route_capacity, self._dense, addresses
@@ -270,7 +270,7 @@ class SparseRowExchange:
         notes, overflows = self._round
         return ExchangeStats(
             sent_bytes=self._sent_bytes,
-            dense_bytes=_ring_all_reduce_bytes(world, num_rows * width),
+            dense_bytes=ring_all_reduce_bytes(world, num_rows * width),
             notes=notes,
             overflows=overflows,
             dense=self._dense,
@@ -464,11 +464,11 @@ class DenseExchange:
         slots[rank] = note
         flat = all_reduce_mean([*grads, *dense, slots], group=self.group)
         self._notes.push(flat[-world:])
-        dense_bytes = _ring_all_reduce_bytes(world, flat.numel() - world)
+        dense_bytes = ring_all_reduce_bytes(world, flat.numel() - world)
         return ExchangeStats(sent_bytes=dense_bytes, dense_bytes=dense_bytes, notes=notes)
 
 
-def _ring_all_reduce_bytes(world: int, values: int) -> int:
+def ring_all_reduce_bytes(world: int, values: int) -> int:
     """Bytes each rank sends in a ring all-reduce of `values` float32 values."""
     return 2 * (world - 1) * values * 4 // world
 

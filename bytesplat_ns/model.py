@@ -35,6 +35,8 @@ from bytesplat_ns.render import Backend, RasterCamera, RasterizeOptions, Splats,
 from bytesplat_ns.render.bin_capacity import BinCapacity
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step
 from bytesplat_ns.render.rasterize import resolve_backend
+from bytesplat_ns.render.screen_space import screen_space
+from bytesplat_ns.render.types import ScreenSplats
 from bytesplat_ns.splat_ply import read_splats
 from bytesplat_ns.ssim import SSIMTerm
 from bytesplat_ns.strategy import ByteSplatStrategy
@@ -153,6 +155,12 @@ class ByteSplatModel(SplatfactoModel):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
         self.loaded_views_per_step = cfg.views_per_step
         self.pruned: Tensor | None = None  # set by each render (fused renderer: a device tensor)
+        self.keeps_screen = False
+        """Keep each training render's screen-space splats in `screen` (for the screen exchange to read their
+        gradients); off otherwise, since they hold the step's autograd graph."""
+        self.screen: ScreenSplats | None = None
+        self.train_view: tuple[RasterCamera, RasterizeOptions] | None = None
+        """The last training render's camera and options."""
         self.bins = BinCapacity()  # fused renderer, training: tile binning without a host sync
         self.scale_intrinsics = IntrinsicsScale()
 
@@ -297,10 +305,13 @@ class ByteSplatModel(SplatfactoModel):
             prune_on_chip=self.config.prune_on_chip,
         )
         raster_camera = RasterCamera(viewmat, K, width, height)
+        if self.training:
+            self.train_view = (raster_camera, opts)
         if batch is not None and self.uses_fused_loss(batch):
             return self._fused_loss_outputs(raster_camera, opts, batch)
         out = rasterize(self.splats(crop_ids), raster_camera, opts)
         self.info = out.strategy_info()
+        self._keep_screen(out.screen)
         self.pruned = out.pruned  # fused renderer: tile entries dropped by on-chip pruning (device tensor)
         if self.training:
             self.strategy.step_pre_backward(
@@ -316,6 +327,15 @@ class ByteSplatModel(SplatfactoModel):
         if not self.training:
             background = background.expand(height, width, 3)
         return {"rgb": rgb, "depth": depth, "accumulation": out.alpha, "background": background}
+
+    def _keep_screen(self, screen: ScreenSplats | None) -> None:
+        if self.training and self.keeps_screen:
+            self.screen = screen
+
+    def screen_space(self, camera: RasterCamera) -> ScreenSplats:
+        """The splats as `camera` sees them, computed as the last training render computed its view's (its options
+        and renderer): the screen exchange (screen_exchange.py) recomputes every rank's view with this."""
+        return screen_space(self.splats(), camera, self.train_view[1], self.renderer())
 
     def _stored_matrices(self, camera: Cameras) -> tuple[Tensor, Tensor] | None:
         """A training camera's matrices as the datamanager stored them (camera_matrices.py): (world-to-camera [4, 4],
@@ -355,6 +375,7 @@ class ByteSplatModel(SplatfactoModel):
         fused = fused_loss_step(self.splats(), camera, opts, gt, loss, want_image=True)  # the image for the metrics
         self.info = fused.strategy_info()
         self.pruned = fused.pruned
+        self._keep_screen(fused.screen)
         self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
         return {"rgb": fused.rgb, "depth": None, "accumulation": fused.alpha, "background": opts.background,
                 "fused_loss": fused.loss}  # fmt: skip

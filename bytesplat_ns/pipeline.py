@@ -4,8 +4,9 @@ DDP binds the parameter tensors that exist when it is built, and densification r
 model cannot live in DDP. Here every rank holds the whole model; the ranks stay identical because
 - they start identical (`broadcast_from_rank0`, after any checkpoint is loaded),
 - their gradients are averaged between backward and the optimizer step (`average_gradients`): the splat
-  parameters through sparse-gradient compaction (grad_compaction.py), the rest (camera optimizer,
-  bilateral grid) through one dense all-reduce,
+  parameters through sparse-gradient compaction (grad_compaction.py) or, with --pipeline.exchange screen, as each
+  view's screen-space gradients (screen_exchange.py), the rest (camera optimizer, bilateral grid) through one dense
+  all-reduce,
 - densification reads statistics reduced over the ranks and seeded draws (strategy.py).
 With one process all of this is skipped.
 """
@@ -19,19 +20,23 @@ import torch
 import torch.distributed as dist
 from nerfstudio.pipelines.base_pipeline import Pipeline, VanillaPipeline, VanillaPipelineConfig
 
+from bytesplat_ns import screen_exchange
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.cuda.build import FusedBuildError
 from bytesplat_ns.grad_compaction import DenseExchange, ExchangeStats, SparseRowExchange
 from bytesplat_ns.input_checks import BadInputError
+from bytesplat_ns.screen_exchange import RenderedView, ScreenExchange
 from bytesplat_ns.strategy import gather_counts
 
 
 @dataclass
 class ByteSplatPipelineConfig(VanillaPipelineConfig):
     _target: type = field(default_factory=lambda: ByteSplatPipeline)
-    exchange: Literal["compact", "dense"] = "compact"
+    exchange: Literal["compact", "screen", "dense"] = "compact"
     """How several GPUs average the splat gradients: compact (only the rows each view touched: sparse-gradient
-    compaction) or dense (one all-reduce of everything, for comparison)."""
+    compaction), screen (each view's gradients w.r.t. the projected splats, 9 values a splat instead of 59, carried
+    back to the parameters on every rank: screen_exchange.py) or dense (one all-reduce of everything, for
+    comparison)."""
     half_precision_exchange: bool = False
     """Send the compacted gradient values as float16 (half the bytes; the sum is formed in float32)."""
     exchange_kernels: bool = True
@@ -86,6 +91,17 @@ class ByteSplatPipeline(VanillaPipeline):
             half=config.half_precision_exchange, kernels=kernels, all_to_all_from=config.exchange_all_to_all_from
         )
         self.exchange = DenseExchange() if config.exchange == "dense" else sparse
+        self.exchanges_screen = config.exchange == "screen" and world_size > 1
+        """The trainer's backward stops at the render's screen-space splats; the exchange carries it on."""
+        if self.exchanges_screen:
+            why = screen_exchange.ineligible(self.model, dataset.cameras)
+            if why is not None:
+                raise BadInputError(
+                    f"--pipeline.exchange screen cannot train with {why}. Use --pipeline.exchange compact, or drop "
+                    "that option."
+                )
+            self.exchange = ScreenExchange()
+            self.model.keeps_screen = True
         self._other_params: list[torch.nn.Parameter] | None = None
         """The parameters other than the splats', listed at the first exchange."""
 
@@ -119,33 +135,53 @@ class ByteSplatPipeline(VanillaPipeline):
         (--pipeline.exchange dense: one all-reduce for all). No host sync. `note` travels with the exchange (see
         run_control.py); every rank's note of the previous step is in the returned stats. `visible` [N] int32: the
         splats whose gradient rows may be non-zero (model.visible_radii), or None."""
+        if self.exchanges_screen:
+            return self.exchange.average(self._rendered_view(), note=note, dense=self._other_gradients())
         splat_grads, other_grads = self._gradients()
         return self.exchange.average(splat_grads, note=note, dense=other_grads, visible=visible)
 
     # The step graph (step_graph.py) records the compacted exchange's device part with the step and runs its host
     # parts around each replay: begin_exchange, (replay: exchange_rows), end_exchange.
     def begin_exchange(self, note: int) -> tuple:
-        """-> what the recorded exchange bakes in (SparseRowExchange.begin)."""
+        """-> what the recorded exchange bakes in (SparseRowExchange.begin, ScreenExchange.begin)."""
         return self.exchange.begin(list(self.model.gauss_params.values()), note)
 
     def exchange_rows(self, visible: torch.Tensor | None = None) -> None:
-        self.exchange.exchange_rows(self._gradients()[0], visible=visible)
+        if self.exchanges_screen:
+            self.exchange.exchange(self._rendered_view())
+        else:
+            self.exchange.exchange_rows(self._gradients()[0], visible=visible)
 
     def end_exchange(self) -> ExchangeStats:
         return self.exchange.end()
+
+    def _rendered_view(self) -> RenderedView:
+        """This rank's training view for the screen exchange (its backward stopped at the screen-space splats); the
+        model lets go of its screen-space splats (and so of the step's autograd graph)."""
+        model = self.model
+        screen, model.screen = model.screen, None
+        return RenderedView(screen, model.train_view[0], model.screen_space, list(model.gauss_params.values()))
 
     def _gradients(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(the splat parameters' gradients, the other parameters'); zeros for a parameter this rank's step did not
         reach, as on every rank."""
         splat_params = list(self.model.gauss_params.values())  # densification replaces these: listed each step
-        if self._other_params is None:  # camera optimizer, bilateral grid: the same tensors all run long
-            splat_ids = {id(p) for p in splat_params}
-            groups = self.get_param_groups().values()
-            self._other_params = [p for group in groups for p in group if id(p) not in splat_ids]
-        for param in (*splat_params, *self._other_params):
+        for param in splat_params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        return [p.grad for p in splat_params], [p.grad for p in self._other_params]
+        return [p.grad for p in splat_params], self._other_gradients()
+
+    def _other_gradients(self) -> list[torch.Tensor]:
+        """The gradients of the parameters other than the splats' (camera optimizer, bilateral grid); zeros where
+        this rank's step did not reach one."""
+        if self._other_params is None:  # the same tensors all run long
+            splat_ids = {id(p) for p in self.model.gauss_params.values()}
+            groups = self.get_param_groups().values()
+            self._other_params = [p for group in groups for p in group if id(p) not in splat_ids]
+        for param in self._other_params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        return [p.grad for p in self._other_params]
 
 
 def _build_exchange_kernels() -> None:

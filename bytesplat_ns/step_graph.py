@@ -56,6 +56,7 @@ from torch import Tensor
 from bytesplat_ns.camera_matrices import INTRINSICS, VIEWMAT, CameraStack
 from bytesplat_ns.datamanager import ByteSplatDatamanager
 from bytesplat_ns.grad_compaction import SparseRowExchange
+from bytesplat_ns.screen_exchange import ScreenExchange
 
 StepBody = Callable[[Tensor, object, dict], tuple]
 """(step as a [] int64 device tensor, camera, batch) -> (loss, loss_dict, metrics_dict): the step's forward,
@@ -74,9 +75,10 @@ def ineligible(trainer) -> str | None:
         (not trainer.device.startswith("cuda"), "training on the CPU"),
         (trainer.world_size > 1 and not trainer.config.cuda_graph_several_gpus,
          "several GPUs (--cuda-graph-several-gpus True replays their steps too; its two-GPU quality is not settled)"),
-        (trainer.world_size > 1 and not (isinstance(exchange, SparseRowExchange) and exchange.kernels),
-         "several processes without the compacted exchange's kernels (--pipeline.exchange dense, or "
-         "--pipeline.exchange-kernels False)"),
+        (trainer.world_size > 1 and not (isinstance(exchange, ScreenExchange)
+                                         or isinstance(exchange, SparseRowExchange) and exchange.kernels),
+         "several processes with the dense exchange, or the compacted one without its kernels (--pipeline.exchange "
+         "dense, or --pipeline.exchange-kernels False)"),
         (model.renderer() != "fused" or not cfg.fused_loss, "the renderer is not the fused loss path"),
         (cfg.use_bilateral_grid or cfg.output_depth_during_training, "the bilateral grid or depth in training"),
         (cfg.camera_optimizer.mode != "off", "the camera optimizer is on"),
@@ -204,8 +206,8 @@ class StepGraph:
             param.grad = None  # the graph's backward makes its own (static) gradients
         self.inputs = _GraphInputs(camera, batch, self.pipeline.datamanager.camera_stack)
         self.bins = _FixedBins(capacity)
-        self.model.info = None  # the last eager step's autograd graph must be gone: its gradient accumulators
-        # belong to the default stream, which a recording may not touch
+        self.model.info = self.model.screen = None  # the last eager step's autograd graph must be gone: its gradient
+        # accumulators belong to the default stream, which a recording may not touch
         model_bins, self.model.bins = self.model.bins, self.bins
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream())

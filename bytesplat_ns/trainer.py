@@ -199,6 +199,11 @@ class ByteSplatTrainer(Trainer):
                                      base / f"step_profile{suffix}.json", trace)  # fmt: skip
         self._time_iterations()
         self._setup_adam()
+        if self.pipeline.exchanges_screen and (self.mixed_precision or self.accumulates_gradients):
+            _exit(
+                "--pipeline.exchange screen sets the splats' gradients anew each step: it trains without mixed "
+                "precision and gradient accumulation. Drop those options or use --pipeline.exchange compact."
+            )
         self.graph_off = "--cuda-graph False" if not self.config.cuda_graph else ineligible(self)
         self.step_graph = StepGraph(self, self._graph_body) if self.graph_off is None else None
         self._say_why_op_by_op()
@@ -321,7 +326,10 @@ class ByteSplatTrainer(Trainer):
             _, loss_dict, metrics_dict = self.pipeline.train_loss_dict(camera, batch)
             loss = functools.reduce(torch.add, loss_dict.values())
         clock.lap("forward")
-        self.grad_scaler.scale(loss).backward()
+        if self.pipeline.exchanges_screen:  # the exchange carries the gradients on to the splats (screen_exchange.py)
+            loss.backward(inputs=self.pipeline.model.screen.differentiable())
+        else:
+            self.grad_scaler.scale(loss).backward()
         self.pipeline.model.accumulate_densification_statistics()
         clock.lap("backward")
         guarded_loss, exchange = loss, None

@@ -91,19 +91,35 @@ def test_parameters_equal_across_ranks_at_the_end(two_ranks):
         assert torch.isfinite(params[0][name]).all(), name
 
 
+def identical_ranks_stats(root: Path) -> dict:
+    """Assert that the two ranks of the run in `root` held equal splat counts after every step (some refine changed
+    them) and equal, finite parameters at the end. -> rank 0's bytesplat_stats.json."""
+    records = [torch.load(root / f"rank{r}.pt") for r in range(2)]
+    assert records[0]["counts"] == records[1]["counts"] and len(set(records[0]["counts"])) > 1
+    for name, param in records[0]["params"].items():
+        assert torch.equal(param, records[1]["params"][name]), name
+        assert torch.isfinite(param).all(), name
+    return json.loads((root / "out" / "dist" / "bytesplat" / "run" / "bytesplat_stats.json").read_text())
+
+
 def test_two_ranks_routing_rows_to_owners_stay_identical(tmp_path):
     """The exchange with its rows routed to owner ranks (all-to-all, the owners' sums all-gathered) through the
     same training, refines renumbering the splats: equal splat counts after every step, equal parameters at the
     end, and the routing round in the exchange's parts."""
     finish(start_ranks(tmp_path, 2, "--views", str(VIEWS), "--half-exchange", "--route-from", "2"))
-    records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert records[0]["counts"] == records[1]["counts"] and len(set(records[0]["counts"])) > 1
-    for name, param in records[0]["params"].items():
-        assert torch.equal(param, records[1]["params"][name]), name
-        assert torch.isfinite(param).all(), name
-    stats = json.loads((tmp_path / "out" / "dist" / "bytesplat" / "run" / "bytesplat_stats.json").read_text())
+    stats = identical_ranks_stats(tmp_path)
     assert "route" in stats["exchange_parts_ms"] and stats["exchange_dense_steps"] == 0
     assert 0 < stats["exchange_sent_bytes"] < stats["exchange_dense_bytes"]
+
+
+def test_two_ranks_exchanging_screen_gradients_stay_identical(tmp_path):
+    """The screen exchange (each view's screen-space gradients, carried back to the parameters on every rank) through
+    the same training, refines renumbering the splats: equal splat counts after every step, equal parameters at the
+    end, and 9 values a splat sent against a dense all-reduce's 59."""
+    finish(start_ranks(tmp_path, 2, "--views", str(VIEWS), "--exchange", "screen"))
+    stats = identical_ranks_stats(tmp_path)
+    assert set(stats["exchange_parts_ms"]) == {"late read", "pack", "all-gather", "unpack", "header copy"}
+    assert 0 < stats["exchange_sent_bytes"] < 0.2 * stats["exchange_dense_bytes"]
 
 
 def test_only_rank0_writes_the_checkpoint_and_it_resumes_on_one_process(two_ranks, tmp_path):
@@ -192,16 +208,17 @@ def test_views_per_step_rule():
 
 
 @two_gpus
-@pytest.mark.parametrize("values", ["float32", "float16", "float16-routed"])
+@pytest.mark.parametrize("values", ["float32", "float16", "float16-routed", "screen"])
 def test_two_gpus_replay_the_step_graph_and_stay_identical(tmp_path, values):
     """On GPUs each rank replays its step, the exchange inside, as a CUDA graph (step_graph.py): the splat counts are
     equal after every step and the parameters at the end, as op by op. With float32 values the test scene's
     exchange is a dense all-reduce, with float16 compacted rows (distributed_rank.py), all-gathered or routed to
-    owners (NCCL all-to-all in the graph)."""
+    owners (NCCL all-to-all in the graph); or the screen exchange (each rank backpropagates every view)."""
     views = 400  # refines until view 200, then steady steps
     half = ["--half-exchange"] if values.startswith("float16") else []
     routed = ["--route-from", "2"] if values.endswith("routed") else []
-    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda", *half, *routed))
+    screen = ["--exchange", "screen"] if values == "screen" else []
+    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda", *half, *routed, *screen))
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for record in records:
         assert record["graph_off"] is None

@@ -49,7 +49,15 @@ from torch import Tensor
 
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.render.bin_capacity import EXACT
-from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats, strategy_info
+from bytesplat_ns.render.screen_space import screen_space
+from bytesplat_ns.render.types import (
+    RasterCamera,
+    RasterizeOptions,
+    RenderOutputs,
+    ScreenSplats,
+    Splats,
+    strategy_info,
+)
 from bytesplat_ns.ssim import SSIMTerm
 
 
@@ -76,6 +84,7 @@ class FusedLossOutputs:
     pruned: Tensor  # [1] int32 tile entries dropped by on-chip pruning
     width: int
     height: int
+    screen: ScreenSplats  # the splats in screen space the kernels read
 
     def strategy_info(self) -> dict[str, object]:
         return strategy_info(self.means2d, self.radii, self.width, self.height)
@@ -92,6 +101,7 @@ class Prepared:
     radii: Tensor  # [1, N] int32
     tiles: ops.TileLists
     capacity: int
+    screen: ScreenSplats
 
 
 def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_depth: bool) -> Prepared:
@@ -99,33 +109,22 @@ def prepare(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, with_d
     (`ops.sh_colors`: gsplat's values, +0.5 and clamped at 0); then our tile binning on tiles of
     `ops.tile_size_for` the image size (16 or 8 pixels; opts.tile_size is gsplat's, unused here), into a buffer
     sized by `opts.bins` (no host sync) or exactly."""
-    from gsplat.cuda._wrapper import fully_fused_projection
-
-    viewmats, Ks = camera.viewmat[None], camera.K[None]  # [1, 4, 4], [1, 3, 3]
-    radii, means2d, depths, conics, _ = fully_fused_projection(
-        splats.means, None, splats.quats, splats.scales, viewmats, Ks, camera.width, camera.height,
-        eps2d=opts.eps2d, near_plane=opts.near_plane, far_plane=opts.far_plane, radius_clip=0.0, packed=False,
-        sparse_grad=False, calc_compensations=False, camera_model="pinhole",
-    )  # fmt: skip
-    if opts.sh_degree is None:
-        colors = splats.colors[None]  # [1, N, 3]
-    else:  # ours, not gsplat's SH kernels: those launch on the legacy default stream, which a CUDA graph
-        # (step_graph.py) does not record (they would run once, at recording, and never again)
-        dc, rest = splats.sh_parts()  # [N, 3], [N, K - 1, 3]
-        colors = ops.sh_colors(opts.sh_degree, dc, rest, splats.means - camera.position)[None]  # [1, N, 3]
+    screen = screen_space(splats, camera, opts, "fused")
+    means2d, conics, radii = screen.means2d, screen.conics, screen.radii  # [1, N, 2], [1, N, 3], [1, N]
+    colors = screen.colors[None]  # [1, N, 3]
     if with_depth:
-        colors = torch.cat([colors, depths[..., None]], dim=-1)  # [1, N, 4]
-    opacities = splats.opacities[None]  # [1, N]
+        colors = torch.cat([colors, screen.depths[None, :, None]], dim=-1)  # [1, N, 4]
+    opacities = screen.opacities[None]  # [1, N]
 
     tile_size = ops.tile_size_for(camera.width, camera.height, means2d.device)
     tiles_x, tiles_y = math.ceil(camera.width / tile_size), math.ceil(camera.height / tile_size)
     entries = opts.bins.next(splats.count, tile_size) if opts.bins is not None else EXACT
-    bins = ops.bin_tiles(means2d[0], radii[0], depths[0], tiles_x, tiles_y, tile_size, entries)
+    bins = ops.bin_tiles(means2d[0], radii[0], screen.depths, tiles_x, tiles_y, tile_size, entries)
     if opts.bins is not None:
         opts.bins.observe(bins.total, entries)
     capacity = ops.tile_capacity(means2d.device, colors.shape[-1], tile_size)
     tiles = ops.tile_lists(bins, means2d[0], conics[0], opacities[0], capacity if opts.prune_on_chip else None)
-    return Prepared(means2d, conics, colors, opacities, radii, tiles, capacity)
+    return Prepared(means2d, conics, colors, opacities, radii, tiles, capacity, screen)
 
 
 def rasterize_fused(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
@@ -141,7 +140,7 @@ def rasterize_fused(splats: Splats, camera: RasterCamera, opts: RasterizeOptions
     depth = render[..., 3:4] / alpha.clamp_min(1e-10) if opts.render_depth else None
     return RenderOutputs(
         rgb=rgb, alpha=alpha, depth=depth, means2d=prep.means2d, radii=prep.radii, width=camera.width,
-        height=camera.height, backend="fused", pruned=prep.tiles.pruned,
+        height=camera.height, backend="fused", pruned=prep.tiles.pruned, screen=prep.screen,
     )  # fmt: skip
 
 
@@ -167,7 +166,7 @@ def fused_loss_step(
     )  # fmt: skip
     return FusedLossOutputs(
         loss=value, rgb=rgb, alpha=alpha, means2d=prep.means2d, radii=prep.radii, pruned=prep.tiles.pruned,
-        width=camera.width, height=camera.height,
+        width=camera.width, height=camera.height, screen=prep.screen,
     )  # fmt: skip
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bytesplat_ns.render.projection import Projected, project, tile_grid
-from bytesplat_ns.render.sh import sh_to_rgb
+from bytesplat_ns.render.projection import Projected, tile_grid
+from bytesplat_ns.render.screen_space import screen_space
 from bytesplat_ns.render.tiles import TileBins, bin_tiles
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
 
@@ -24,28 +24,23 @@ PAIRS_PER_CHUNK = 1 << 22
 """Bounds memory: (pixel, splat) pairs composited at once."""
 
 
-def splat_colors(splats: Splats, camera: RasterCamera, sh_degree: int | None) -> Tensor:
-    """[N, 3] colour of each splat as seen from the camera."""
-    if sh_degree is None:
-        return splats.colors
-    return sh_to_rgb(sh_degree, splats.sh_coefficients(), splats.means - camera.position)
-
-
 def rasterize_torch(splats: Splats, camera: RasterCamera, opts: RasterizeOptions) -> RenderOutputs:
-    proj = project(splats, camera, opts)
-    means2d = proj.means2d[None]  # [1, N, 2]; densification reads its gradient
-    features = [splat_colors(splats, camera, opts.sh_degree)]
+    screen = screen_space(splats, camera, opts, "torch")
+    means2d = screen.means2d  # [1, N, 2]; densification reads its gradient
+    features = [screen.colors]
     if opts.render_depth:
-        features.append(proj.depths[:, None])
+        features.append(screen.depths[:, None])
     features = torch.cat(features, dim=-1)  # [N, D]
 
     tiles_x, tiles_y = tile_grid(camera, opts.tile_size)
-    bins = bin_tiles(proj.means2d.detach(), proj.radii, proj.depths.detach(), tiles_x, tiles_y, opts.tile_size)
+    radii = screen.radii[0]
+    bins = bin_tiles(means2d[0].detach(), radii, screen.depths.detach(), tiles_x, tiles_y, opts.tile_size)
     absgrad = None
     if opts.absgrad and means2d.requires_grad:
         absgrad = means2d.new_zeros(splats.count + 1, 2)
         means2d.absgrad = absgrad[:-1][None]  # filled during backward, as gsplat does
-    image, alpha = composite(means2d[0], proj, splats.opacities, features, bins, camera, opts.tile_size, absgrad)
+    proj = Projected(means2d[0], screen.conics, screen.depths, radii)
+    image, alpha = composite(means2d[0], proj, screen.opacities, features, bins, camera, opts.tile_size, absgrad)
 
     depth = None
     if opts.render_depth:
@@ -54,8 +49,8 @@ def rasterize_torch(splats: Splats, camera: RasterCamera, opts: RasterizeOptions
     if opts.background is not None:
         rgb = rgb + (1.0 - alpha) * opts.background
     return RenderOutputs(
-        rgb=rgb, alpha=alpha, depth=depth, means2d=means2d, radii=proj.radii[None],
-        width=camera.width, height=camera.height, backend="torch",
+        rgb=rgb, alpha=alpha, depth=depth, means2d=means2d, radii=screen.radii,
+        width=camera.width, height=camera.height, backend="torch", screen=screen,
     )  # fmt: skip
 
 

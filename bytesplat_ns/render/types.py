@@ -84,6 +84,30 @@ class RasterizeOptions:
 
 
 @dataclass
+class ScreenSplats:
+    """The splats as one camera sees them (render/screen_space.py): what the compositing reads, and where its
+    gradients arrive. The screen exchange (screen_exchange.py) sends the gradients of `differentiable()`."""
+
+    means2d: Tensor  # [1, N, 2] projected centres in pixels
+    conics: Tensor  # [1, N, 3] (fused) or [N, 3] (torch) inverse 2D covariances (a, b, c) of [[a, b], [b, c]]
+    colors: Tensor  # [N, 3] RGB seen from the camera (SH evaluated), or the RGB colours without SH
+    opacities: Tensor  # [N] in [0, 1]
+    depths: Tensor  # [N] camera-space z
+    radii: Tensor  # [1, N] int32 screen radius in pixels, 0 for culled splats
+
+    def differentiable(self) -> list[Tensor]:
+        """The tensors the compositing's gradients reach (2 + 3 + 3 + 1 values a splat)."""
+        return [self.means2d, self.conics, self.colors, self.opacities]
+
+    def detached(self) -> ScreenSplats:
+        """The same values without their autograd graph, the differentiable tensors carrying their .grad."""
+        held = ScreenSplats(*(t.detach() for t in (*self.differentiable(), self.depths, self.radii)))
+        for mine, theirs in zip(held.differentiable(), self.differentiable()):
+            mine.grad = theirs.grad
+        return held
+
+
+@dataclass
 class RenderOutputs:
     """What a backend returns for one camera."""
 
@@ -96,6 +120,7 @@ class RenderOutputs:
     height: int
     backend: str = field(default="torch")
     pruned: Tensor | None = None  # [1] int32 tile entries dropped by on-chip pruning (fused backend), on the device
+    screen: ScreenSplats | None = None  # the splats in screen space the compositing read (torch and fused backends)
 
     def strategy_info(self) -> dict[str, object]:
         return strategy_info(self.means2d, self.radii, self.width, self.height)
