@@ -9,8 +9,8 @@ exchange_cost.py's scenes (`object_50k`: lego's splat count at 800x800; `room` a
   graph holds it on two GPUs;
 - screen: its device part for one rank (pack, all-gather, backprop of the view), and the backprop of two views (what
   each of two ranks runs: every rank's projection and SH, forward and backward);
-- the render's backward to the parameters against the backward stopped at the screen-space splats: what the screen
-  exchange saves each rank's own backward;
+- the render, loss and backward all the way to the parameters against the same stopped at the screen-space splats,
+  each replayed from a CUDA graph: what the screen exchange saves each rank's own step;
 - bytes to each peer: compacted at the capacity settled on this view, screen 9 values a splat.
 Prints a table last, writes --json.
 
@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,8 +34,10 @@ from exchange_cost import SCENES, median_us, replayed_us, settled, view_gradient
 from multi_gpu import room_splats  # noqa: E402
 
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize  # noqa: E402
+from bytesplat_ns.render.bin_capacity import EXACT  # noqa: E402
 from bytesplat_ns.render.screen_space import screen_space  # noqa: E402
 from bytesplat_ns.screen_exchange import HEADER, ROW, RenderedView, ScreenExchange  # noqa: E402
+from bytesplat_ns.step_graph import _FixedBins  # noqa: E402
 
 OPTS = RasterizeOptions(sh_degree=3, backend="fused")
 
@@ -53,17 +56,24 @@ def graph_us(fn, runs: int) -> float:
     return median_us(graph.replay, runs)
 
 
-def backward_us(params: dict[str, torch.Tensor], camera: RasterCamera, runs: int) -> dict[str, float]:
-    """The render's backward (L1 against grey) all the way to the parameters, and stopped at the screen-space splats
-    (retained graph, timed op by op with CUDA events)."""
-    out = rasterize(splats_of(params), camera, OPTS)
-    loss = out.rgb.sub(0.5).abs().mean()
-    screen = out.screen.differentiable()
-    full = median_us(lambda: loss.backward(retain_graph=True), runs)
-    to_screen = median_us(lambda: loss.backward(inputs=screen, retain_graph=True), runs)
+def step_us(params: dict[str, torch.Tensor], camera: RasterCamera, runs: int) -> dict[str, float]:
+    """The render (tile binning at a fixed capacity, as in training), an L1 loss against grey and its backward, all
+    the way to the parameters or stopped at the screen-space splats, each recorded as a CUDA graph; median replay
+    microseconds. Their difference is the projection and SH backward that the screen exchange moves into its
+    backprop of every view."""
+    probe = _FixedBins(EXACT)
+    rasterize(splats_of(params), camera, replace(OPTS, bins=probe))  # exact binning: its entry count
+    opts = replace(OPTS, bins=_FixedBins(int(1.25 * int(probe.total.item())) + 1))
+
+    def step(to_screen: bool) -> None:
+        out = rasterize(splats_of(params), camera, opts)
+        loss = out.rgb.sub(0.5).abs().mean()
+        loss.backward(inputs=out.screen.differentiable() if to_screen else None)
+
+    times = {"full_us": graph_us(lambda: step(False), runs), "to_screen_us": graph_us(lambda: step(True), runs)}
     for p in params.values():
         p.grad = None
-    return {"full_us": full, "to_screen_us": to_screen}
+    return times
 
 
 def measure(params: dict[str, torch.Tensor], camera: RasterCamera, runs: int) -> dict:
@@ -94,7 +104,7 @@ def measure(params: dict[str, torch.Tensor], camera: RasterCamera, runs: int) ->
         "compact_replayed_us": replayed_us(grads, False, runs, visible),
         "screen_replayed_us": graph_us(one_rank, runs),
         "screen_unpack_two_views_us": graph_us(lambda: exchange.unpack(two_views, view), runs),
-        "backward": backward_us(params, camera, runs),
+        "render_and_backward": step_us(params, camera, runs),
         "compact_bytes_to_a_peer": (compact.capacity + 1) * row_bytes,
         "screen_bytes_to_a_peer": (ROW * n + HEADER) * 4,
     }
@@ -120,17 +130,19 @@ def main() -> None:
     record = {"device": torch.cuda.get_device_name(0), "wall_s": time.perf_counter() - began, "scenes": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"{'scene':<11} {'in view':>7} {'compact':>8} {'screen':>7} {'2 views':>8} {'bwd full':>9} {'bwd scr':>8} "
+    print(f"{'scene':<11} {'in view':>7} {'compact':>8} {'screen':>7} {'2 views':>8} {'step full':>9} {'to scr':>8} "
           f"{'MB cmp':>7} {'MB scr':>7}")  # fmt: skip
     for scene, r in results.items():
+        step = r["render_and_backward"]
         print(f"{scene:<11} {100 * r['in_view_fraction']:6.1f}% {r['compact_replayed_us']:8.0f} "
-              f"{r['screen_replayed_us']:7.0f} {r['screen_unpack_two_views_us']:8.0f} {r['backward']['full_us']:9.0f} "
-              f"{r['backward']['to_screen_us']:8.0f} {r['compact_bytes_to_a_peer'] / 1e6:7.1f} "
+              f"{r['screen_replayed_us']:7.0f} {r['screen_unpack_two_views_us']:8.0f} {step['full_us']:9.0f} "
+              f"{step['to_screen_us']:8.0f} {r['compact_bytes_to_a_peer'] / 1e6:7.1f} "
               f"{r['screen_bytes_to_a_peer'] / 1e6:7.1f}")  # fmt: skip
     print(
         f"(one rank on {record['device']}; microseconds, median of {args.runs}; compact / screen: the exchange's "
-        "device part replayed from a CUDA graph; 2 views: the screen exchange's backprop of two ranks' views; bwd: "
-        "the render's backward to the parameters / stopped at the screen-space splats; MB: bytes to each peer)"
+        "device part replayed from a CUDA graph; 2 views: the screen exchange's backprop of two ranks' views; step "
+        "full / to scr: render, loss and backward to the parameters / stopped at the screen-space splats, replayed; "
+        "MB: bytes to each peer)"
     )
 
 
