@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 
 from bytesplat_ns.grad_compaction import all_reduce_mean, ring_all_reduce_bytes
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats, rasterize
+from bytesplat_ns.render.fused_backend import fused_loss_step
 from bytesplat_ns.render.screen_space import screen_space
 from bytesplat_ns.render.types import ScreenSplats
 from bytesplat_ns.screen_exchange import HEADER, ROW, RenderedView, ScreenExchange
@@ -56,11 +57,17 @@ def camera(rank: int, step: int, device: torch.device, away: bool = False) -> Ra
     return RasterCamera(viewmat.to(device), K.to(device), WIDTH, HEIGHT)
 
 
-def view_loss(params: list[torch.Tensor], cam: RasterCamera, opts: RasterizeOptions, rank: int, step: int):
-    """-> (L1 loss of the render against a random target, the render's screen-space splats)."""
-    out = rasterize(activated(params), cam, opts)
+def view_loss(params: list[torch.Tensor], cam: RasterCamera, opts: RasterizeOptions, rank: int, step: int,
+              fused_loss: bool = False):  # fmt: skip
+    """-> (the loss of the render against a random target, the render's screen-space splats): L1 of `rasterize()`'s
+    image, or with `fused_loss` splatfacto's loss formed by the fused kernels (fused_backend.fused_loss_step)."""
     target = torch.rand(HEIGHT, WIDTH, 3, generator=torch.Generator().manual_seed(100 * step + rank))
-    return (out.rgb - target.to(out.rgb.device)).abs().mean(), out.screen
+    target = target.to(cam.viewmat.device)
+    if fused_loss:
+        out = fused_loss_step(activated(params), cam, opts, target)
+        return out.loss, out.screen
+    out = rasterize(activated(params), cam, opts)
+    return (out.rgb - target).abs().mean(), out.screen
 
 
 def relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
@@ -100,9 +107,9 @@ class _ReplayedUnpack:
         return self.exchange.end()
 
 
-def _worker(rank: int, world: int, init_file: str, backend: str, graph: bool = False) -> None:
+def _worker(rank: int, world: int, init_file: str, backend: str, graph: bool = False, fused_loss: bool = False) -> None:
     """gloo: CPU tensors and the torch renderer; nccl: GPU `rank`, the fused renderer (with `graph`, the exchange's
-    device part replayed from a CUDA graph)."""
+    device part replayed from a CUDA graph; with `fused_loss`, the loss formed by the fused kernels)."""
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
@@ -116,11 +123,11 @@ def _worker(rank: int, world: int, init_file: str, backend: str, graph: bool = F
         for step, case in enumerate(STEPS):
             cam = camera(rank, step, device, away=case == "one_rank_looks_away" and rank == 1)
             params = make_params(device)  # the dense all-reduce of each rank's own parameter gradients
-            want = list(torch.autograd.grad(view_loss(params, cam, opts, rank, step)[0], params))
+            want = list(torch.autograd.grad(view_loss(params, cam, opts, rank, step, fused_loss)[0], params))
             all_reduce_mean(want)
 
             params = replayed.params if graph else make_params(device)
-            loss, screen = view_loss(params, cam, opts, rank, step)
+            loss, screen = view_loss(params, cam, opts, rank, step, fused_loss)
             loss.backward(inputs=screen.differentiable())  # as the trainer's step: backward stops in screen space
             if case == "one_rank_looks_away" and rank == 1:
                 assert all(t.grad is None or not t.grad.any() for t in screen.differentiable())
@@ -152,9 +159,11 @@ def test_screen_exchange_equals_dense_allreduce_on_cpu(tmp_path, world):
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["op-by-op", "graph"])
-def test_screen_exchange_over_nccl_equals_dense_allreduce(tmp_path, world, graph):
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["render", "fused-loss"])
+def test_screen_exchange_over_nccl_equals_dense_allreduce(tmp_path, world, graph, fused_loss):
     """Fused renderer (gsplat's projection, our SH kernels) over NCCL, on 1 or 2 GPUs, the exchange op by op or
-    replayed from a CUDA graph as the step graph does."""
+    replayed from a CUDA graph as the step graph does; the loss an L1 of the image or the training's fused loss
+    path (splatfacto's L1 and D-SSIM formed in the kernels)."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPU(s) (NCCL and the fused renderer)")
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), "nccl", graph), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), "nccl", graph, fused_loss), nprocs=world, join=True)
