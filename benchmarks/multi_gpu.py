@@ -10,6 +10,8 @@ exchange bytes on a 2M-splat room.
    by the compacted exchange (fp32 and fp16 values) and by a dense NCCL all-reduce: bytes and time of each.
 3. with --room-views: the same as 1 on the built-in generator's room at 1920x1080 with 2M splats (scaling_runs.py),
    a scene whose step is bound by the GPU and whose views each see a part of it.
+--exchanges compact screen: one 2-GPU run per seed with each exchange (grad_compaction.py, screen_exchange.py), the
+summary of each in `by_exchange`.
 Writes benchmarks/results/multi_gpu.json (or --json) and prints a table last. Run there:
     python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000 --seeds 42 43 [--room-views 2000]
 and more seeds in a later call with --add-to <that JSON>.
@@ -223,6 +225,8 @@ def main() -> None:
     parser.add_argument("--room-dir", type=Path, default=Path("/tmp/room-scene"),
                         help="where the room is generated (once; an existing one is used)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="lego: one 2-GPU and one 1-GPU run each")
+    parser.add_argument("--exchanges", nargs="+", default=["compact"], choices=["compact", "screen", "dense"],
+                        help="the 2-GPU runs' --pipeline.exchange: one 2-GPU run per seed for each")  # fmt: skip
     parser.add_argument("--add-to", type=Path, default=None,
                         help="a JSON written by an earlier call: keep its room result and training runs, add this "
                              "call's runs (more seeds), skip the room exchange measurement")  # fmt: skip
@@ -276,12 +280,17 @@ def main() -> None:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 
     def seed_by_seed(scene: TrainScene, views: int, runs: list[dict]):
-        """Adds a 2-GPU and a 1-GPU run per seed to `runs` (2 then 1 GPU for the first seed, 1 then 2 for the
-        next, ...), yielding their summary after each seed."""
+        """Adds per seed a 2-GPU run with each of --exchanges and a 1-GPU run to `runs` (2 then 1 GPU for the first
+        seed, 1 then 2 for the next, ...), yielding their summary after each seed (the first exchange's; with
+        several, each one's in `by_exchange`)."""
+        two, one = [(2, exchange) for exchange in args.exchanges], [(1, "compact")]
         for index, seed in enumerate(args.seeds):
-            runs += [train_run(scene, views, gpus, args.out, extra=args.train_args, seed=seed)
-                     for gpus in ((2, 1) if index % 2 == 0 else (1, 2))]  # fmt: skip
-            yield scaling_summary(runs)
+            runs += [train_run(scene, views, gpus, args.out, exchange, extra=args.train_args, seed=seed)
+                     for gpus, exchange in (two + one if index % 2 == 0 else one + two)]  # fmt: skip
+            summary = scaling_summary(runs, args.exchanges[0])
+            if len(args.exchanges) > 1:
+                summary["by_exchange"] = {exchange: scaling_summary(runs, exchange) for exchange in args.exchanges}
+            yield summary
 
     if not args.skip_lego:
         lego, runs = lego_scene(args.data), earlier.get("lego_runs", [])
@@ -306,9 +315,10 @@ def main() -> None:
           f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms; with the pack/unpack kernels "
           f"{room.get('compact_fp32_kernels_ms_median', float('nan')):.2f} ms")  # fmt: skip
     if not args.skip_lego:
-        print_runs("lego", record["lego_runs"], record)
+        print_runs("lego", record["lego_runs"], list(record.get("by_exchange", {}).values()) or [record])
     if "room_training" in record:
-        print_runs("room", record["room_training"]["runs"], record["room_training"])
+        trained = record["room_training"]
+        print_runs("room", trained["runs"], list(trained.get("by_exchange", {}).values()) or [trained])
 
 
 if __name__ == "__main__":

@@ -128,12 +128,16 @@ def train_run(scene: TrainScene, views: int, gpus: int, out: Path, exchange: str
     return {**record, "seed": seed}
 
 
-def scaling_summary(runs: list[dict]) -> dict:
-    """Means over seeds of the 1- and 2-GPU runs (each run alone on the machine)."""
-    by_gpus = {g: [r for r in runs if r["gpus"] == g] for g in (1, 2)}
+def scaling_summary(runs: list[dict], exchange: str = "compact") -> dict:
+    """Means over seeds of the 1-GPU runs and the 2-GPU runs with `exchange` (each run alone on the machine)."""
+    by_gpus = {
+        1: [r for r in runs if r["gpus"] == 1],
+        2: [r for r in runs if r["gpus"] == 2 and r["exchange"] == exchange],
+    }
     speed = {g: mean(r["views_per_second"] for r in rs) for g, rs in by_gpus.items()}
     psnr = {g: [r["test_psnr"] for r in sorted(rs, key=lambda r: r["seed"])] for g, rs in by_gpus.items()}
     return {
+        "exchange_2gpu": exchange,
         "views_seen": runs[0]["views"],
         "seeds": sorted({r["seed"] for r in runs}),
         "views_per_s_1gpu": speed[1],
@@ -149,14 +153,17 @@ def scaling_summary(runs: list[dict]) -> dict:
     }
 
 
-def print_runs(scene: str, runs: list[dict], summary: dict) -> None:
-    """One row per run, then the scaling line."""
-    print(f"{scene:<6} {'seed':>5} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
-    for run in sorted(runs, key=lambda r: (r["gpus"], r["seed"])):
+def print_runs(scene: str, runs: list[dict], summaries: list[dict]) -> None:
+    """One row per run, then a scaling line per summary (one per 2-GPU exchange)."""
+    print(f"{scene:<14} {'seed':>5} {'views':>6} {'views/s':>8} {'PSNR':>7} {'exch. less':>10} {'wall s':>7}")
+    for run in sorted(runs, key=lambda r: (r["gpus"], r["exchange"], r["seed"])):
         less = "-" if run["exchange_reduction"] is None else f"{100 * run['exchange_reduction']:.1f}%"
-        print(f"{run['gpus']} GPU  {run['seed']:5d} {run['views']:6d} {run['views_per_second']:8.1f} "
+        label = f"{run['gpus']} GPU" + (f" {run['exchange']}" if run["gpus"] > 1 else "")
+        print(f"{label:<14} {run['seed']:5d} {run['views']:6d} {run['views_per_second']:8.1f} "
               f"{run['test_psnr']:7.2f} {less:>10} {run['wall_s']:7.0f}")  # fmt: skip
-    print(
-        f"{scene} scaling 2 GPUs / 1 GPU: {summary['scaling_2gpu']:.2f}x (mean views/s over seeds); PSNR "
-        f"{summary['psnr_2gpu']:.2f} vs {summary['psnr_1gpu']:.2f} dB (2 vs 1 GPU, mean over seeds)"
-    )
+    for summary in summaries:
+        print(
+            f"{scene} scaling 2 GPUs ({summary['exchange_2gpu']}) / 1 GPU: {summary['scaling_2gpu']:.2f}x (mean "
+            f"views/s over seeds); PSNR {summary['psnr_2gpu']:.2f} vs {summary['psnr_1gpu']:.2f} dB (2 vs 1 GPU, mean "
+            "over seeds)"
+        )
