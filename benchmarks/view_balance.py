@@ -1,0 +1,128 @@
+"""How long each training view's step takes on the GPU, and so how long two ranks wait for each other (issue #4).
+
+With N GPUs every rank renders its own view and the step ends at the exchange, so a step lasts as long as its
+slowest rank's view: with views of unequal cost the ranks wait. This times, on one GPU, each training view of a
+trained run on the generated room (scaling_runs.py: 2M splats, 1920x1080, seen from inside): the training step's
+GPU work (render with the fused loss path against the view's image, backward to the parameters), recorded as a CUDA
+graph per view (tile binning at a fixed capacity, as training runs it) and replayed; the median of `--runs`
+replays (CUDA events). Then the mean over views, and over every ordered pair of distinct views the mean of the
+slower one's time: what a step of two ranks would take before its exchange.
+Prints a table last, writes --json.
+
+    python3 benchmarks/view_balance.py --train-room 2000 --json $OUT/view_balance.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from itertools import permutations
+from pathlib import Path
+from statistics import mean, median, pstdev
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parent))
+from exchange_cost import median_us, trained_splats, training_cameras  # noqa: E402
+from scaling_runs import room_scene, train_run  # noqa: E402
+
+from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats  # noqa: E402
+from bytesplat_ns.render.bin_capacity import EXACT  # noqa: E402
+from bytesplat_ns.render.fused_backend import fused_loss_step  # noqa: E402
+from bytesplat_ns.step_graph import _FixedBins  # noqa: E402
+
+OPTS = RasterizeOptions(sh_degree=3, backend="fused")
+
+
+def splats_of(params: dict[str, torch.Tensor]) -> Splats:
+    return Splats(params["means"], params["quats"], params["scales"].exp(), params["opacities"].sigmoid().squeeze(-1),
+                  params["features_dc"], params["features_rest"])  # fmt: skip
+
+
+def training_images(data: Path, count: int, device: torch.device) -> list[torch.Tensor]:
+    """The first `count` training images of `data` (nerfstudio-data), [H, W, 3] float32 in [0, 1]."""
+    meta = json.loads((data / "transforms.json").read_text())
+    images = []
+    for path in meta["train_filenames"][:count]:
+        rgb = np.asarray(Image.open(data / path).convert("RGB"), dtype=np.float32) / 255.0
+        images.append(torch.from_numpy(rgb).to(device))
+    return images
+
+
+def view_step(params: dict[str, torch.Tensor], camera: RasterCamera, image: torch.Tensor, runs: int) -> dict:
+    """One view's training step (fused loss path, backward to the parameters) replayed from a CUDA graph."""
+    probe = _FixedBins(EXACT)
+    out = fused_loss_step(splats_of(params), camera, replace(OPTS, bins=probe), image)  # exact binning: its count
+    in_view = float((out.radii > 0).float().mean())
+    entries = int(probe.total.item())
+    del out
+    opts = replace(OPTS, bins=_FixedBins(int(1.25 * entries) + 1))
+
+    def step() -> None:
+        fused_loss_step(splats_of(params), camera, opts, image).loss.backward()
+
+    step()  # first use outside the recording (lazy set-up)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        step()
+    ms = median_us(graph.replay, runs) / 1000
+    del graph
+    for p in params.values():
+        p.grad = None
+    return {"ms": ms, "in_view_fraction": in_view, "tile_entries": entries}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", type=Path, default=None, help="a bytesplat run folder on the generated room")
+    parser.add_argument("--room-data", type=Path, default=Path("/tmp/room-scene"), help="that run's scene")
+    parser.add_argument("--train-room", type=int, default=0, metavar="VIEWS",
+                        help="generate the room into --room-data, train it VIEWS views (one GPU), time it")  # fmt: skip
+    parser.add_argument("--views", type=int, default=24, help="training views to time (the room has 24)")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=Path("view_balance.json"))
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    began = time.perf_counter()
+    if args.train_room:
+        run = train_run(room_scene(args.room_data), args.train_room, 1, Path("/tmp/room-runs"), evaluate=False, seed=43)
+        print(f"room trained: {args.train_room} views at {run['views_per_second']:.1f} views/s: {run['run_dir']}")
+        args.run = Path(run["run_dir"])
+    params = trained_splats(args.run, device)
+    cameras = training_cameras(args.run, args.room_data, args.views, device)
+    images = training_images(args.room_data, args.views, device)
+    views = [view_step(params, cam, image, args.runs) for cam, image in zip(cameras, images)]
+    times = [v["ms"] for v in views]
+    slower_of_two = mean(max(times[i], times[j]) for i, j in permutations(range(len(times)), 2))
+    record = {
+        "device": torch.cuda.get_device_name(0),
+        "run": str(args.run),
+        "splats": int(params["means"].shape[0]),
+        "wall_s": time.perf_counter() - began,
+        "mean_ms": mean(times),
+        "median_ms": median(times),
+        "std_ms": pstdev(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "slower_of_two_ms": slower_of_two,
+        "wait_fraction": slower_of_two / mean(times) - 1,
+        "views": views,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{'view':>4} {'ms':>7} {'in view':>8} {'entries':>10}")
+    for index, v in enumerate(views):
+        print(f"{index:4d} {v['ms']:7.3f} {100 * v['in_view_fraction']:7.1f}% {v['tile_entries']:10,}")
+    print(f"{record['splats']:,} splats on {record['device']}: a view's step {record['mean_ms']:.3f} ms on average "
+          f"({record['min_ms']:.3f}-{record['max_ms']:.3f}, std {record['std_ms']:.3f}); the slower of two distinct "
+          f"views {slower_of_two:.3f} ms: two ranks would wait {100 * record['wait_fraction']:.1f}% of a step "
+          f"(GPU work of the step replayed from a CUDA graph, median of {args.runs})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
