@@ -33,10 +33,13 @@ from scaling_runs import room_scene, train_run  # noqa: E402
 
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats  # noqa: E402
 from bytesplat_ns.render.bin_capacity import EXACT  # noqa: E402
-from bytesplat_ns.render.fused_backend import fused_loss_step  # noqa: E402
+from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step  # noqa: E402
+from bytesplat_ns.ssim import SSIMTerm  # noqa: E402
 from bytesplat_ns.step_graph import _FixedBins  # noqa: E402
 
 OPTS = RasterizeOptions(sh_degree=3, backend="fused")
+LOSS = FusedLoss(ssim_fn=SSIMTerm())
+"""Splatfacto's loss as training forms it (0.8 L1 + 0.2 D-SSIM, the SSIM term by bytesplat's kernel)."""
 
 
 def splats_of(params: dict[str, torch.Tensor]) -> Splats:
@@ -57,14 +60,14 @@ def training_images(data: Path, count: int, device: torch.device) -> list[torch.
 def view_step(params: dict[str, torch.Tensor], camera: RasterCamera, image: torch.Tensor, runs: int) -> dict:
     """One view's training step (fused loss path, backward to the parameters) replayed from a CUDA graph."""
     probe = _FixedBins(EXACT)
-    out = fused_loss_step(splats_of(params), camera, replace(OPTS, bins=probe), image)  # exact binning: its count
+    out = fused_loss_step(splats_of(params), camera, replace(OPTS, bins=probe), image, LOSS)  # exact: its count
     in_view = float((out.radii > 0).float().mean())
     entries = int(probe.total.item())
     del out
     opts = replace(OPTS, bins=_FixedBins(int(1.25 * entries) + 1))
 
     def step() -> None:
-        fused_loss_step(splats_of(params), camera, opts, image).loss.backward()
+        fused_loss_step(splats_of(params), camera, opts, image, LOSS).loss.backward()
 
     step()  # first use outside the recording (lazy set-up)
     graph = torch.cuda.CUDAGraph()
