@@ -6,6 +6,15 @@ ranks, so the shards are disjoint, cover every camera and differ in size by at m
 fixed for the whole run, so each rank caches only its own shard's images; each epoch every rank draws its
 shard in a new order, again from the shared seed (seed, epoch). With one rank, nerfstudio's own sampler
 runs unchanged (so a 1-GPU bytesplat run sees the cameras in splatfacto's order).
+
+Matched draws (--pipeline.datamanager.match-view-costs True): a step lasts as long as its slowest rank's view, and
+views differ in cost (on a room seen from inside by 3.7-5.5 ms a step: benchmarks/view_balance.py), so each
+epoch every rank orders its shard by what its views cost the last time it rendered them (their tile-entry counts,
+read late from the binning: render/bin_capacity.py) and all ranks draw the same quantile of their own shard at the
+same step, in an order shared from the seed (`matched_epoch_order`). The shards are random halves (thirds, ...),
+so the k-th cheapest views of two shards cost about alike. Every epoch has ceil(cameras / ranks) steps on every
+rank, so the ranks stay in step; a shard one camera short draws one of its cameras twice an epoch. Views not yet
+rendered count as the median; the first epoch, with none rendered, goes by camera index.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ from bytesplat_ns.input_checks import BadInputError, check_dataparser_outputs
 @dataclass
 class ByteSplatDatamanagerConfig(FullImageDatamanagerConfig):
     _target: type = field(default_factory=lambda: ByteSplatDatamanager)
+    match_view_costs: bool = False
+    """With several GPUs: draw views of similar cost at the same step on every rank (module docstring), so the
+    ranks wait less for each other. Not measured on two GPUs yet."""
 
 
 def camera_shard(num_cameras: int, world_size: int, rank: int, seed: int) -> list[int]:
@@ -38,6 +50,17 @@ def epoch_order(shard: list[int], seed: int, epoch: int) -> list[int]:
     """The order in which a rank draws its shard in one epoch (seeded by the shared seed and the epoch)."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return [shard[i] for i in torch.randperm(len(shard), generator=generator).tolist()]
+
+
+def matched_epoch_order(shard: list[int], costs: dict[int, float], length: int, seed: int, epoch: int) -> list[int]:
+    """A rank's `length` draws of one epoch with matched draws (module docstring): its shard ranked by `costs`
+    (camera -> cost; missing: the median), quantile q of the ranking at the step where the shared permutation of
+    (seed, epoch) puts q. `length` >= len(shard): a shorter shard repeats cameras."""
+    known = sorted(costs[c] for c in shard if c in costs)
+    typical = known[len(known) // 2] if known else 0.0
+    ranked = sorted(shard, key=lambda c: (costs.get(c, typical), c))
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return [ranked[q * len(ranked) // length] for q in torch.randperm(length, generator=generator).tolist()]
 
 
 class _ShardView:
@@ -87,11 +110,19 @@ class ByteSplatDatamanager(FullImageDatamanager):
         """This process's rank among all machines' (nerfstudio passes only the local rank)."""
         return dist.get_rank() if self.world_size > 1 else 0
 
+    view_costs: dict[int, float] | None = None
+    """Training camera -> what its last render cost (its binning's entries), for matched draws; set by the
+    pipeline (the model's BinCapacity.entries_by_view)."""
+
     def sample_train_cameras(self) -> list[int]:
         if self.world_size == 1:
             return super().sample_train_cameras()
         self.epoch = getattr(self, "epoch", -1) + 1
-        return epoch_order(self.shard, self.config.train_cameras_sampling_seed, self.epoch)
+        seed = self.config.train_cameras_sampling_seed
+        if self.config.match_view_costs:
+            length = -(-len(self.train_dataset) // self.world_size)  # the longest shard: every rank alike
+            return matched_epoch_order(self.shard, self.view_costs or {}, length, seed, self.epoch)
+        return epoch_order(self.shard, seed, self.epoch)
 
     @cached_property
     def cached_train(self):

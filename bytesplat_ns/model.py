@@ -307,6 +307,7 @@ class ByteSplatModel(SplatfactoModel):
         raster_camera = RasterCamera(viewmat, K, width, height)
         if self.training:
             self.train_view = (raster_camera, opts)
+            self.bins.view = (camera.metadata or {}).get("cam_idx")  # its binning's count is kept per camera
         if batch is not None and self.uses_fused_loss(batch):
             return self._fused_loss_outputs(raster_camera, opts, batch)
         out = rasterize(self.splats(crop_ids), raster_camera, opts)

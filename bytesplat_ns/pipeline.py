@@ -84,6 +84,7 @@ class ByteSplatPipeline(VanillaPipeline):
         )
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
+        self.datamanager.view_costs = self.model.bins.entries_by_view  # matched draws (datamanager.py)
         kernels = config.exchange_kernels and world_size > 1 and torch.device(device).type == "cuda"
         if kernels:
             _build_exchange_kernels()

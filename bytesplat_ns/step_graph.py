@@ -183,6 +183,7 @@ class StepGraph:
         self.inputs.load(camera, batch)
         self.step.fill_(step)
         self.graph.replay()
+        bins.view = camera.metadata.get("cam_idx")
         bins.observe(self.bins.total, self.bins.capacity)
         self.model.info, self.model.pruned = self.info  # an evaluation or viewer render since may have replaced them
         self.replays += 1

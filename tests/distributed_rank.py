@@ -2,14 +2,16 @@
 
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
-[--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND]`. Each rank trains the small built-in
-scene and writes ROOT/rank{RANK}.pt: its splat count after every step, its final parameters and its step graph's counts.
+[--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--match-view-costs]`. Each rank
+trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat count after every step, the training
+camera it drew at every step, its final parameters and its step graph's counts.
 --cuda: NCCL, GPU RANK, a white background (the default CUDA path: fused renderer, step graph).
 --half-exchange: float16 values in the gradient exchange. The test scene's few hundred splats are mostly in every
 view, so with float32 values the compacted rows would outweigh a dense all-reduce and every exchange is that
 all-reduce (grad_compaction.py); float16 rows are half as large, so the exchange compacts.
 --route-from N: route the exchange's rows to owner ranks from N ranks on (--pipeline.exchange-all-to-all-from).
 --exchange KIND: --pipeline.exchange (compact by default; screen: screen_exchange.py).
+--match-view-costs: matched draws (--pipeline.datamanager.match-view-costs True, datamanager.py).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def rank_config(root: Path, views: int, load_dir: Path | None = None):
 def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, signal_at: tuple[int, int] | None = None,
              load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False,
              half_exchange: bool = False, route_from: int | None = None,
-             exchange: str = "compact") -> None:  # fmt: skip
+             exchange: str = "compact", match_view_costs: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
     SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S later."""
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -66,6 +68,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     config.machine.num_devices = world
     config.pipeline.half_precision_exchange = half_exchange
     config.pipeline.exchange = exchange
+    config.pipeline.datamanager.match_view_costs = match_view_costs
     if route_from is not None:
         config.pipeline.exchange_all_to_all_from = route_from
     if cuda:
@@ -79,6 +82,16 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     times: list[float] = []
     model = trainer.pipeline.model
     model.strategy.verbose = False
+    drawn: list[int] = []
+    datamanager = trainer.pipeline.datamanager
+    next_train = datamanager.next_train
+
+    def drawing(step: int):
+        camera, batch = next_train(step)
+        drawn.append(camera.metadata["cam_idx"])
+        return camera, batch
+
+    datamanager.next_train = drawing
 
     def after_step(step: int) -> None:  # runs after the model's own densification callback
         counts.append(model.num_points)
@@ -94,6 +107,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     params = {name: p.detach().cpu() for name, p in model.gauss_params.items()}
     record = {
         "counts": counts,
+        "drawn": drawn,
         "times": times,
         "params": params,
         "start_step": trainer._start_step,
@@ -120,10 +134,11 @@ def main() -> None:
     parser.add_argument("--half-exchange", action="store_true")
     parser.add_argument("--route-from", type=int, default=None)
     parser.add_argument("--exchange", default="compact")
+    parser.add_argument("--match-view-costs", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
     run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
-             args.cuda, args.half_exchange, args.route_from, args.exchange)  # fmt: skip
+             args.cuda, args.half_exchange, args.route_from, args.exchange, args.match_view_costs)  # fmt: skip
 
 
 if __name__ == "__main__":

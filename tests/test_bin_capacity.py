@@ -88,3 +88,18 @@ def test_counts_are_kept_per_tile_side_and_the_other_side_bounds_a_new_one():
     _render(bins, 100, 2500, tile_size=8)
     assert _render(bins, 100, 1000, tile_size=16) == 2500  # larger tiles make no more entries: unscaled
     assert bins.next(100, 16) == 1000
+
+
+def test_counts_are_kept_per_training_view_when_read():
+    """Each count read is kept for the camera named in `view` when its binning was observed (exact counts at once,
+    the others `lag` renders later); renders of no named camera are not kept (datamanager.py's matched draws)."""
+    bins = BinCapacity(granule=1, lag=2)
+    for view, entries in [(3, 100), (5, 300), (3, 120), (None, 999), (7, 50)]:
+        bins.view = view
+        _render(bins, 10, entries)
+    assert bins.entries_by_view == {3: 120, 5: 300}  # the exact first count, then those read 2 renders late
+    bins.next(10, 16)  # reads the count due: the unnamed render's
+    assert bins.entries_by_view == {3: 120, 5: 300}
+    _render(bins, 10, 10)
+    bins.next(10, 16)
+    assert bins.entries_by_view == {3: 120, 5: 300, 7: 50}

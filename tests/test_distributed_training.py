@@ -122,6 +122,21 @@ def test_two_ranks_exchanging_screen_gradients_stay_identical(tmp_path):
     assert 0 < stats["exchange_sent_bytes"] < 0.2 * stats["exchange_dense_bytes"]
 
 
+def test_two_ranks_with_matched_draws_stay_in_step_and_identical(tmp_path):
+    """Matched draws (datamanager.py): every rank's epoch is ceil(7 / 2) = 4 draws covering its shard (the shard of 3
+    draws one camera twice), so the ranks' epochs stay aligned; the ranks stay identical. (On the CPU the renderer
+    does not bin through BinCapacity, so no costs are known: the draws go by camera index; the ranking itself is
+    tested in test_grad_compaction.py.)"""
+    finish(start_ranks(tmp_path, 2, "--views", str(VIEWS), "--match-view-costs"))
+    identical_ranks_stats(tmp_path)
+    drawn = [torch.load(tmp_path / f"rank{r}.pt")["drawn"] for r in range(2)]
+    shards = [set(d) for d in drawn]
+    assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 7
+    for rank_drawn, shard in zip(drawn, shards):
+        assert len(rank_drawn) == VIEWS // 2
+        assert all(set(rank_drawn[e : e + 4]) == shard for e in range(0, len(rank_drawn) - 3, 4))
+
+
 def test_only_rank0_writes_the_checkpoint_and_it_resumes_on_one_process(two_ranks, tmp_path):
     ckpt_dir = two_ranks / "out" / "dist" / "bytesplat" / "run" / "nerfstudio_models"
     saved = sorted(ckpt_dir.glob("*.ckpt"))

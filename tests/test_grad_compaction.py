@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bytesplat_ns.datamanager import camera_shard, epoch_order
+from bytesplat_ns.datamanager import camera_shard, epoch_order, matched_epoch_order
 from bytesplat_ns.grad_compaction import DenseExchange, SparseRowExchange, all_reduce_mean
 
 ROWS = 5000
@@ -203,6 +203,31 @@ def test_each_epoch_draws_a_new_order():
     shard = camera_shard(100, 2, 0, seed=42)
     assert epoch_order(shard, seed=42, epoch=0) != epoch_order(shard, seed=42, epoch=1)
     assert epoch_order(shard, seed=42, epoch=1) == epoch_order(shard, seed=42, epoch=1)
+
+
+@pytest.mark.parametrize("world, cameras", [(2, 24), (2, 25), (3, 100), (4, 7)])
+def test_matched_draws_pair_views_of_similar_cost(world, cameras):
+    """Every rank draws ceil(cameras / world) views an epoch, all of its shard (a shorter shard one twice), in a new
+    order each epoch; ranked by cost, the views the ranks draw at one step are much closer in cost than with
+    unmatched draws; with no costs known yet the epochs are still aligned."""
+    costs = {c: float(v) for c, v in enumerate(torch.rand(cameras, generator=torch.Generator().manual_seed(3)))}
+    shards = [camera_shard(cameras, world, rank, seed=42) for rank in range(world)]
+    length = -(-cameras // world)
+    gaps = {"matched": [], "unmatched": []}
+    for epoch in range(4):
+        matched = [matched_epoch_order(shard, costs, length, seed=42, epoch=epoch) for shard in shards]
+        for shard, order in zip(shards, matched):
+            assert len(order) == length and set(order) == set(shard)
+        assert matched[0] != matched_epoch_order(shards[0], costs, length, seed=42, epoch=epoch + 1)
+        unmatched = [epoch_order(shard, seed=42, epoch=epoch) for shard in shards]
+        for name, orders in (("matched", matched), ("unmatched", unmatched)):
+            for step in range(min(map(len, orders))):
+                drawn = [costs[order[step]] for order in orders]
+                gaps[name].append(max(drawn) - min(drawn))
+        unknown = [matched_epoch_order(shard, {}, length, seed=42, epoch=epoch) for shard in shards]
+        assert all(len(order) == length and set(order) == set(shard) for shard, order in zip(shards, unknown))
+    if cameras >= 24:
+        assert sum(gaps["matched"]) < 0.5 * sum(gaps["unmatched"]), gaps
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")

@@ -178,6 +178,9 @@ def test_densification_records_the_graph_again(tmp_path):
     assert recorder.eager == {"exact binning": 5, "new configuration": 1}, recorder.summary()
     assert recorder.replays == 60 - 6
     assert all(torch.isfinite(p).all() for p in model.gauss_params.values())
+    # every training camera's tile entries, read from its binning, replayed or eager (matched draws, datamanager.py)
+    costs = model.bins.entries_by_view
+    assert set(costs) == set(range(len(trainer.pipeline.datamanager.train_dataset))) and min(costs.values()) > 0
 
 
 @gpu

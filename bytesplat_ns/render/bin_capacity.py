@@ -18,6 +18,8 @@ the host wait for the GPU once per step. The fused backend bins into buffers of 
   8-pixel tiles at 100x100 become 16-pixel tiles at 200x200, the same tiles in the scene) the counts carry over
   as they do for a resolution change on one side (headroom, then the overflow rule).
 Outside training (eval, viewer, export) the renderer bins exactly.
+Each count read is also kept per training camera (`view`, set by the caller before a binning is observed) in
+`entries_by_view`: what the datamanager's matched draws (datamanager.py) order each rank's cameras by.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class BinCapacity:
     """Renders whose entries exceeded the capacity (known when their counts are read)."""
     lag: int = STEPS_LATE
     """Renders between a binning and the host's read of its count."""
+    view: int | None = None
+    """The training camera whose binning is observed next (its index), or None."""
+    entries_by_view: dict[int, int] = field(default_factory=dict)
+    """Training camera index -> the entry count of its latest binning read."""
     _counts: deque = field(default_factory=deque)
     """(entries, splats, tile side) of the last `window` renders read."""
     _late: LateQueue | None = None
@@ -101,16 +107,18 @@ class BinCapacity:
         """Record a binning's true entry count (`total`, [1] on the device) and the capacity it had (the binning
         `next` was last asked for)."""
         if capacity == EXACT:  # the binning has just read it to the host: no wait, known before later renders
-            self._add(int(total.item()), self._splats, self._tile_size)
+            self._add(int(total.item()), self._splats, self._tile_size, self.view)
         else:
-            self._late.push(total, tag=(capacity, self._splats, self._tile_size))
+            self._late.push(total, tag=(capacity, self._splats, self._tile_size, self.view))
 
     def _read_pending(self) -> None:
-        for (count,), (capacity, splats, side) in self._late.pop_ready():
+        for (count,), (capacity, splats, side, view) in self._late.pop_ready():
             self.overflows += int(count > capacity)
-            self._add(count, splats, side)
+            self._add(count, splats, side, view)
 
-    def _add(self, count: int, splats: int, side: int) -> None:
+    def _add(self, count: int, splats: int, side: int, view: int | None) -> None:
+        if view is not None:
+            self.entries_by_view[view] = count
         self._counts.append((count, splats, side))
         if len(self._counts) > self.window:
             self._counts.popleft()
