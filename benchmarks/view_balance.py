@@ -7,9 +7,14 @@ GPU work (render with the fused loss path against the view's image, backward to 
 graph per view (tile binning at a fixed capacity, as training runs it) and replayed; the median of `--runs`
 replays (CUDA events). Then the mean over views, and over every ordered pair of distinct views the mean of the
 slower one's time: what a step of two ranks would take before its exchange.
+Then what the datamanager's draws would make two ranks wait, from those times (`draw_waits`, no GPU needed): the
+views split into two shards as datamanager.py splits cameras (seeds 0-19), each rank drawing its shard in a
+shuffled order (the default) or the same cost quantile of its shard at each step (matched draws, ranked by each
+view's tile entries), the mean over an epoch's steps of the slower view.
 Prints a table last, writes --json.
 
     python3 benchmarks/view_balance.py --train-room 2000 --json $OUT/view_balance.json
+    python3 benchmarks/view_balance.py --analyse benchmarks/results/view_balance.json  # the draws alone, anywhere
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exchange_cost import median_us, trained_splats, training_cameras  # noqa: E402
 from scaling_runs import room_scene, train_run  # noqa: E402
 
+from bytesplat_ns.datamanager import camera_shard, epoch_order, matched_epoch_order  # noqa: E402
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats  # noqa: E402
 from bytesplat_ns.render.bin_capacity import EXACT  # noqa: E402
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step  # noqa: E402
@@ -80,6 +86,32 @@ def view_step(params: dict[str, torch.Tensor], camera: RasterCamera, image: torc
     return {"ms": ms, "in_view_fraction": in_view, "tile_entries": entries}
 
 
+def draw_waits(views: list[dict], seeds: range = range(20)) -> dict:
+    """Mean over `seeds` of the mean slower-of-two-ranks view time (ms) per step of an epoch: shuffled draws and
+    matched draws (datamanager.py), the views' measured times and tile entries standing in for their costs."""
+    times = [v["ms"] for v in views]
+    costs = {c: float(v["tile_entries"]) for c, v in enumerate(views)}
+    waits: dict[str, list[float]] = {"shuffled": [], "matched": []}
+    for seed in seeds:
+        shards = [camera_shard(len(views), 2, rank, seed) for rank in range(2)]
+        length = -(-len(views) // 2)
+        orders = {
+            "shuffled": [epoch_order(shard, seed, 1) for shard in shards],
+            "matched": [matched_epoch_order(shard, costs, length, seed, 1) for shard in shards],
+        }
+        for name, (first, second) in orders.items():
+            steps = min(len(first), len(second))
+            waits[name].append(mean(max(times[a], times[b]) for a, b in zip(first[:steps], second[:steps])))
+    return {name: mean(values) for name, values in waits.items()} | {"mean_view_ms": mean(times)}
+
+
+def print_draws(draws: dict) -> None:
+    view = draws["mean_view_ms"]
+    print(f"two ranks, the slower view of a step: shuffled draws {draws['shuffled']:.3f} ms "
+          f"(+{100 * (draws['shuffled'] / view - 1):.1f}%), matched draws {draws['matched']:.3f} ms "
+          f"(+{100 * (draws['matched'] / view - 1):.1f}%) against a view's {view:.3f} ms (20 splits)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", type=Path, default=None, help="a bytesplat run folder on the generated room")
@@ -89,7 +121,12 @@ def main() -> None:
     parser.add_argument("--views", type=int, default=24, help="training views to time (the room has 24)")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--json", type=Path, default=Path("view_balance.json"))
+    parser.add_argument("--analyse", type=Path, default=None, metavar="JSON",
+                        help="only the draws' waits from an earlier run's JSON (no GPU)")  # fmt: skip
     args = parser.parse_args()
+    if args.analyse:
+        print_draws(draw_waits(json.loads(args.analyse.read_text())["views"]))
+        return
     device = torch.device("cuda")
     began = time.perf_counter()
     if args.train_room:
@@ -114,6 +151,7 @@ def main() -> None:
         "max_ms": max(times),
         "slower_of_two_ms": slower_of_two,
         "wait_fraction": slower_of_two / mean(times) - 1,
+        "draws": draw_waits(views),
         "views": views,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +163,7 @@ def main() -> None:
           f"({record['min_ms']:.3f}-{record['max_ms']:.3f}, std {record['std_ms']:.3f}); the slower of two distinct "
           f"views {slower_of_two:.3f} ms: two ranks would wait {100 * record['wait_fraction']:.1f}% of a step "
           f"(GPU work of the step replayed from a CUDA graph, median of {args.runs})")  # fmt: skip
+    print_draws(record["draws"])
 
 
 if __name__ == "__main__":
