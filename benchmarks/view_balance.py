@@ -35,22 +35,17 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 from exchange_cost import median_us, trained_splats, training_cameras  # noqa: E402
 from scaling_runs import room_scene, train_run  # noqa: E402
+from screen_exchange_cost import OPTS, splats_of  # noqa: E402
 
 from bytesplat_ns.datamanager import camera_shard, epoch_order, matched_epoch_order  # noqa: E402
-from bytesplat_ns.render import RasterCamera, RasterizeOptions, Splats  # noqa: E402
+from bytesplat_ns.render import RasterCamera  # noqa: E402
 from bytesplat_ns.render.bin_capacity import EXACT  # noqa: E402
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step  # noqa: E402
 from bytesplat_ns.ssim import SSIMTerm  # noqa: E402
 from bytesplat_ns.step_graph import _FixedBins  # noqa: E402
 
-OPTS = RasterizeOptions(sh_degree=3, backend="fused")
 LOSS = FusedLoss(ssim_fn=SSIMTerm())
 """Splatfacto's loss as training forms it (0.8 L1 + 0.2 D-SSIM, the SSIM term by bytesplat's kernel)."""
-
-
-def splats_of(params: dict[str, torch.Tensor]) -> Splats:
-    return Splats(params["means"], params["quats"], params["scales"].exp(), params["opacities"].sigmoid().squeeze(-1),
-                  params["features_dc"], params["features_rest"])  # fmt: skip
 
 
 def training_images(data: Path, count: int, device: torch.device) -> list[torch.Tensor]:
