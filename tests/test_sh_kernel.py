@@ -94,3 +94,33 @@ def test_a_cuda_graph_records_the_kernels():
     want = ops.sh_colors(3, *leaves)
     wanted = torch.autograd.grad(want, leaves, fresh[3])
     assert torch.equal(rgb, want) and all(torch.equal(a, b) for a, b in zip(recorded, wanted))
+
+
+@gpu
+@pytest.mark.parametrize("degree", [0, 3])
+def test_culled_splats_are_skipped(degree):
+    """Given screen radii, splats of radius 0 are not read (NaN coefficients and directions there stay out of every
+    output) and get colour 0 and zero gradients; the others match the reference, as without radii."""
+    from bytesplat_ns.cuda import ops
+    from tests.fused_cases import assert_grad_close
+
+    n, k = 1000, 16
+    coeffs, dirs, v_rgb = _inputs(n, k, seed=7 + degree)
+    radii = (torch.rand(n, generator=torch.Generator().manual_seed(degree)) < 0.7).int().mul(4).cuda()  # 30% culled
+    culled = radii == 0
+    ref_coeffs, ref_dirs = coeffs.double().requires_grad_(), dirs.double().requires_grad_()
+    ref = sh_to_rgb(degree, ref_coeffs, ref_dirs)
+    ref.backward(v_rgb.double())
+    coeffs[culled], dirs[culled] = float("nan"), float("nan")  # never read
+    dc, rest = coeffs[:, 0].clone().requires_grad_(), coeffs[:, 1:].clone().requires_grad_()
+    dirs.requires_grad_()
+    rgb = ops.sh_colors(degree, dc, rest, dirs, poison=True, radii=radii)
+    rgb.backward(v_rgb)  # non-zero on culled rows too: they must still take no gradient
+    assert not rgb[culled].any() and not dc.grad[culled].any() and not rest.grad[culled].any()
+    assert not dirs.grad[culled].any()
+    kept = ~culled
+    assert float((rgb[kept].detach().double() - ref[kept].detach()).abs().max()) < ABS_TOL
+    assert_grad_close(dc.grad[kept], ref_coeffs.grad[kept, 0], GRAD_RTOL, "dL/ddc")
+    assert_grad_close(rest.grad[kept], ref_coeffs.grad[kept, 1:], GRAD_RTOL, "dL/drest")
+    if degree > 0:
+        assert_grad_close(dirs.grad[kept], ref_dirs.grad[kept], GRAD_RTOL, "dL/ddirs")

@@ -416,26 +416,29 @@ def sh_colors(
     rest: Tensor,  # [N, K - 1, 3] float32: the others (features_rest), K >= (degree + 1) ** 2
     dirs: Tensor,  # [N, 3] float32, any length (splat centre minus camera position)
     poison: bool = False,
+    radii: Tensor | None = None,  # [N] int32 screen radii: splats of radius 0 are skipped (colour and gradients 0)
 ) -> Tensor:
     """render/sh.py's sh_to_rgb of the coefficients [dc, rest] in one launch forward and one backward (csrc/sh.h),
     on the current stream, so a CUDA graph records it; the coefficients are read, and their gradients written, in
-    the two parts they come in. -> [N, 3]"""
-    return _ShColors.apply(degree, dc, rest, dirs, poison)
+    the two parts they come in. With `radii`, culled splats (radius 0: no tile composites them) are not read. ->
+    [N, 3]"""
+    return _ShColors.apply(degree, dc, rest, dirs, poison, radii)
 
 
 class _ShColors(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, degree, dc, rest, dirs, poison):
+    def forward(ctx, degree, dc, rest, dirs, poison, radii):
         dc, rest, dirs = dc.detach().contiguous(), rest.detach().contiguous(), dirs.detach().contiguous()
-        ctx.save_for_backward(dc, rest, dirs)
+        radii = radii.contiguous() if radii is not None else None
+        ctx.save_for_backward(dc, rest, dirs, radii)
         ctx.degree, ctx.poison = degree, poison
-        return ext().sh_forward(degree, dc, rest, dirs, poison)
+        return ext().sh_forward(degree, dc, rest, dirs, poison, radii)
 
     @staticmethod
     def backward(ctx, v_rgb):
-        dc, rest, dirs = ctx.saved_tensors
-        v_dc, v_rest, v_dirs = ext().sh_backward(ctx.degree, dc, rest, dirs, v_rgb.contiguous(), ctx.poison)
-        return None, v_dc, v_rest, v_dirs, None
+        dc, rest, dirs, radii = ctx.saved_tensors
+        v_dc, v_rest, v_dirs = ext().sh_backward(ctx.degree, dc, rest, dirs, v_rgb.contiguous(), ctx.poison, radii)
+        return None, v_dc, v_rest, v_dirs, None, None
 
 
 def adam_step(

@@ -6,7 +6,8 @@ must compute it alike, so both call this.
 - torch: render/projection.py's EWA projection and render/sh.py's SH, pure PyTorch (any device);
 - fused: gsplat 1.4.0's projection kernel, called as gsplat's `rasterization()` calls it, and our SH kernels
   (`ops.sh_colors`: gsplat's values, +0.5 and clamped at 0; gsplat's own SH kernels launch on the legacy default
-  stream, which a CUDA graph, step_graph.py, does not record).
+  stream, which a CUDA graph, step_graph.py, does not record), which skip the splats the projection culled, as
+  gsplat's SH does with its mask (their colour 0: no tile composites them).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def screen_space(splats: Splats, camera: RasterCamera, opts: RasterizeOptions, b
         colors = splats.colors  # [N, 3]
     else:
         dc, rest = splats.sh_parts()  # [N, 3], [N, K - 1, 3]
-        colors = ops.sh_colors(opts.sh_degree, dc, rest, splats.means - camera.position)  # [N, 3]
+        dirs = splats.means - camera.position  # [N, 3]
+        colors = ops.sh_colors(opts.sh_degree, dc, rest, dirs, radii=radii[0])  # [N, 3]; culled splats skipped
     return ScreenSplats(means2d, conics, colors, splats.opacities, depths[0], radii)
 
 

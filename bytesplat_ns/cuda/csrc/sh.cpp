@@ -6,7 +6,8 @@
 namespace bytesplat {
 namespace {
 
-ShParams sh_params(int64_t degree, const at::Tensor& dc, const at::Tensor& rest, const at::Tensor& dirs) {
+ShParams sh_params(int64_t degree, const at::Tensor& dc, const at::Tensor& rest, const at::Tensor& dirs,
+                   const std::optional<at::Tensor>& radii) {
   BYTESPLAT_CHECK_INPUT(dc, at::kFloat);
   BYTESPLAT_CHECK_INPUT(rest, at::kFloat);
   BYTESPLAT_CHECK_INPUT(dirs, at::kFloat);
@@ -32,14 +33,21 @@ ShParams sh_params(int64_t degree, const at::Tensor& dc, const at::Tensor& rest,
   p.n = n;
   p.k = static_cast<int>(k);
   p.degree = static_cast<int>(degree);
+  p.radii = nullptr;
+  if (radii.has_value()) {
+    BYTESPLAT_CHECK_INPUT(*radii, at::kInt);
+    check_shape(*radii, {n}, "radii");
+    BYTESPLAT_CHECK(radii->device() == dirs.device(), "radii must be on the device of dirs, got ", radii->device());
+    p.radii = radii->data_ptr<int32_t>();
+  }
   return p;
 }
 
 }  // namespace
 
 at::Tensor sh_forward(int64_t degree, const at::Tensor& dc, const at::Tensor& rest, const at::Tensor& dirs,
-                      bool poison) {
-  const ShParams p = sh_params(degree, dc, rest, dirs);
+                      bool poison, const std::optional<at::Tensor>& radii) {
+  const ShParams p = sh_params(degree, dc, rest, dirs, radii);
   const c10::cuda::CUDAGuard guard(dirs.device());
   at::Tensor rgb = at::empty({p.n, 3}, dirs.options());
   if (poison) rgb.fill_(std::numeric_limits<float>::quiet_NaN());
@@ -49,8 +57,8 @@ at::Tensor sh_forward(int64_t degree, const at::Tensor& dc, const at::Tensor& re
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sh_backward(int64_t degree, const at::Tensor& dc, const at::Tensor& rest,
                                                            const at::Tensor& dirs, const at::Tensor& v_rgb,
-                                                           bool poison) {
-  const ShParams p = sh_params(degree, dc, rest, dirs);
+                                                           bool poison, const std::optional<at::Tensor>& radii) {
+  const ShParams p = sh_params(degree, dc, rest, dirs, radii);
   const c10::cuda::CUDAGuard guard(dirs.device());
   BYTESPLAT_CHECK_INPUT(v_rgb, at::kFloat);
   check_shape(v_rgb, {p.n, 3}, "v_rgb");

@@ -76,18 +76,23 @@ __device__ inline void bases_vjp(int degree, const float u[3], const float w[kSh
 // a lego step). Staged rows sit `pitch` floats apart, odd, so the threads' own-row accesses fall in 32 different
 // banks.
 struct WarpRows {
-  float* stage;   // [32, pitch] this warp's part of the block's shared memory
-  int64_t first;  // the warp's first splat
-  int count;      // its splats (32, fewer in the last warp, 0 past the end)
-  int row;        // floats per staged splat, K * 3
-  int pitch;      // row, made odd
+  float* stage;          // [32, pitch] this warp's part of the block's shared memory
+  int64_t first;         // the warp's first splat
+  int count;             // its splats (32, fewer in the last warp, 0 past the end)
+  int row;               // floats per staged splat, K * 3
+  int pitch;             // row, made odd
+  const int32_t* radii;  // [N] or nullptr (ShParams::radii): culled splats' rows are not read
 };
+
+// Whether splat i is evaluated: every splat without radii, else those with a radius.
+__device__ inline bool seen(const int32_t* radii, int64_t i) { return radii == nullptr || radii[i] > 0; }
 
 // The staged rows' pitch for K coefficients per splat (the kernels' and the launch's shared memory).
 __host__ __device__ inline int row_pitch(int k) { return (3 * k) | 1; }
 
-__device__ inline WarpRows warp_rows(float* shared, int64_t n, int k) {
+__device__ inline WarpRows warp_rows(float* shared, int64_t n, int k, const int32_t* radii) {
   WarpRows w;
+  w.radii = radii;
   w.row = 3 * k;
   w.pitch = row_pitch(k);
   w.stage = shared + (threadIdx.x / 32) * 32 * w.pitch;
@@ -107,7 +112,8 @@ __device__ inline void load_part(const WarpRows& w, const float* __restrict__ ro
 #pragma unroll
   for (int t = 0; t < kWidth; ++t) {
     const int j = lane + 32 * t;  // of the warp's 32 kWidth floats: splat j / kWidth, float j % kWidth
-    v[t] = j / kWidth < w.count ? src[j / kWidth * stride + j % kWidth] : 0.f;
+    const bool read = j / kWidth < w.count && seen(w.radii, w.first + j / kWidth);
+    v[t] = read ? src[j / kWidth * stride + j % kWidth] : 0.f;
   }
 #pragma unroll
   for (int t = 0; t < kWidth; ++t) {
@@ -146,10 +152,14 @@ template <int kDegree>
 __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p, float* __restrict__ rgb) {
   constexpr int kCount = (kDegree + 1) * (kDegree + 1);
   extern __shared__ float shared[];
-  const WarpRows w = warp_rows(shared, p.n, p.k);
+  const WarpRows w = warp_rows(shared, p.n, p.k, p.radii);
   load_coefficients<kCount>(w, p);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
+  if (!seen(p.radii, i)) {
+    for (int ch = 0; ch < 3; ++ch) rgb[3 * i + ch] = 0.f;
+    return;
+  }
   float u[3], b[kShBases];
   unit(p.dirs + 3 * i, u);
   bases(kDegree, u, b);
@@ -164,10 +174,14 @@ __global__ void __launch_bounds__(kShThreads)
                        float* __restrict__ v_rest, float* __restrict__ v_dirs) {
   constexpr int kCount = (kDegree + 1) * (kDegree + 1);
   extern __shared__ float shared[];
-  const WarpRows w = warp_rows(shared, p.n, p.k);
+  const WarpRows w = warp_rows(shared, p.n, p.k, p.radii);
   load_coefficients<kCount>(w, p);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < p.n) {  // no early return: the whole warp stores the rows below
+  if (i < p.n && !seen(p.radii, i)) {  // culled: zero gradients (the whole warp stores the rows below)
+    float* c = w.stage + threadIdx.x % 32 * w.pitch;
+    for (int j = 0; j < w.row; ++j) c[j] = 0.f;
+    for (int a = 0; a < 3; ++a) v_dirs[3 * i + a] = 0.f;
+  } else if (i < p.n) {  // no early return: the whole warp stores the rows below
     float u[3], b[kShBases];
     const float length = unit(p.dirs + 3 * i, u);
     bases(kDegree, u, b);

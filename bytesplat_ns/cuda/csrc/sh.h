@@ -12,6 +12,9 @@
 // The coefficients come in two arrays, as the model keeps them (features_dc and features_rest), so that nothing joins
 // them before the forward or splits their gradient after the backward. Both kernels move each warp's coefficient
 // rows through shared memory, so that device memory sees whole rows (sh.cu).
+// Given the projection's screen radii, a splat of radius 0 (culled: no tile composites it, so dL/drgb is 0 there) is
+// neither read nor evaluated: colour 0, gradients 0, as gsplat's SH kernels with their mask. A room seen from inside
+// has a fifth of its splats in a view.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +32,7 @@ struct ShParams {
   int64_t n;
   int k;                // coefficients per splat, (degree + 1)^2 <= K <= 16
   int degree;
+  const int32_t* radii;  // [N] screen radii (0: culled, skipped), or nullptr: every splat evaluated
 };
 
 cudaError_t launch_sh_forward(const ShParams& p, float* rgb, cudaStream_t stream);
@@ -42,14 +46,15 @@ cudaError_t launch_sh_backward(const ShParams& p, const float* v_rgb, float* v_d
 
 namespace bytesplat {
 
-// -> rgb [N, 3]. dc [N, 3], rest [N, K - 1, 3] and dirs [N, 3], float32 contiguous on one CUDA device.
+// -> rgb [N, 3]. dc [N, 3], rest [N, K - 1, 3] and dirs [N, 3], float32 contiguous on one CUDA device; radii [N]
+// int32 or None.
 at::Tensor sh_forward(int64_t degree, const at::Tensor& dc, const at::Tensor& rest, const at::Tensor& dirs,
-                      bool poison);
+                      bool poison, const std::optional<at::Tensor>& radii);
 
 // -> (dL/ddc [N, 3], dL/drest [N, K - 1, 3], dL/ddirs [N, 3]) from dL/drgb [N, 3].
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sh_backward(int64_t degree, const at::Tensor& dc, const at::Tensor& rest,
                                                            const at::Tensor& dirs, const at::Tensor& v_rgb,
-                                                           bool poison);
+                                                           bool poison, const std::optional<at::Tensor>& radii);
 
 }  // namespace bytesplat
 #endif
