@@ -76,12 +76,12 @@ __device__ inline void bases_vjp(int degree, const float u[3], const float w[kSh
 // a lego step). Staged rows sit `pitch` floats apart, odd, so the threads' own-row accesses fall in 32 different
 // banks.
 struct WarpRows {
-  float* stage;          // [32, pitch] this warp's part of the block's shared memory
-  int64_t first;         // the warp's first splat
-  int count;             // its splats (32, fewer in the last warp, 0 past the end)
-  int row;               // floats per staged splat, K * 3
-  int pitch;             // row, made odd
-  const int32_t* radii;  // [N] or nullptr (ShParams::radii): culled splats' rows are not read
+  float* stage;    // [32, pitch] this warp's part of the block's shared memory
+  int64_t first;   // the warp's first splat
+  int count;       // its splats (32, fewer in the last warp, 0 past the end)
+  int row;         // floats per staged splat, K * 3
+  int pitch;       // row, made odd
+  unsigned seen;   // bit s: the warp's splat s is evaluated (ShParams::radii; culled splats' rows are not read)
 };
 
 // Whether splat i is evaluated: every splat without radii, else those with a radius.
@@ -92,12 +92,13 @@ __host__ __device__ inline int row_pitch(int k) { return (3 * k) | 1; }
 
 __device__ inline WarpRows warp_rows(float* shared, int64_t n, int k, const int32_t* radii) {
   WarpRows w;
-  w.radii = radii;
   w.row = 3 * k;
   w.pitch = row_pitch(k);
   w.stage = shared + (threadIdx.x / 32) * 32 * w.pitch;
   w.first = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x / 32) * 32;
   w.count = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(32), n - w.first)));
+  const int lane = static_cast<int>(threadIdx.x % 32);  // one radius read per lane, shared by the warp's loads
+  w.seen = __ballot_sync(0xffffffffu, lane < w.count && seen(radii, w.first + lane));
   return w;
 }
 
@@ -112,8 +113,7 @@ __device__ inline void load_part(const WarpRows& w, const float* __restrict__ ro
 #pragma unroll
   for (int t = 0; t < kWidth; ++t) {
     const int j = lane + 32 * t;  // of the warp's 32 kWidth floats: splat j / kWidth, float j % kWidth
-    const bool read = j / kWidth < w.count && seen(w.radii, w.first + j / kWidth);
-    v[t] = read ? src[j / kWidth * stride + j % kWidth] : 0.f;
+    v[t] = (w.seen >> (j / kWidth)) & 1u ? src[j / kWidth * stride + j % kWidth] : 0.f;  // j / kWidth < 32
   }
 #pragma unroll
   for (int t = 0; t < kWidth; ++t) {
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kShThreads) sh_forward_kernel(const ShParams p
   load_coefficients<kCount>(w, p);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
-  if (!seen(p.radii, i)) {
+  if (!((w.seen >> (threadIdx.x % 32)) & 1u)) {
     for (int ch = 0; ch < 3; ++ch) rgb[3 * i + ch] = 0.f;
     return;
   }
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kShThreads)
   const WarpRows w = warp_rows(shared, p.n, p.k, p.radii);
   load_coefficients<kCount>(w, p);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < p.n && !seen(p.radii, i)) {  // culled: zero gradients (the whole warp stores the rows below)
+  if (i < p.n && !((w.seen >> (threadIdx.x % 32)) & 1u)) {  // culled: zero gradients (the warp stores the rows)
     float* c = w.stage + threadIdx.x % 32 * w.pitch;
     for (int j = 0; j < w.row; ++j) c[j] = 0.f;
     for (int a = 0; a < 3; ++a) v_dirs[3 * i + a] = 0.f;
