@@ -2,7 +2,11 @@
 # Sourced by the device_*.sh scripts on the GPU machine: build (or load) bytesplat's CUDA extension once and copy
 # the .so to $OUT when this call built it, so a later call can carry it back (put it in .build-cache/ext/ and carry
 # .build-cache); one loaded from the carried cache is not sent back ($OUT holds 8 files).
-# Writes $OUT/build.log. Defines run_gpu_tests for the scripts that source it.
+# Makes $OUT (default /tmp/device-out) and writes the GPUs there (gpu.txt, also shown) and $OUT/build.log. Defines
+# run_gpu_tests for the scripts that source it.
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+nvidia-smi -L | tee "$OUT/gpu.txt"
 export MAX_JOBS=12 TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
 export BYTESPLAT_EXT_DIR=${BYTESPLAT_EXT_DIR:-$PWD/.build-cache/ext}
 build_start=$(date +%s)

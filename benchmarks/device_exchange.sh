@@ -7,10 +7,7 @@
 # run, its extension loaded from the carried cache. Files in $OUT: build.log, pytest.log, exchange_cost.{log,json},
 # exchange_cost_before.{log,json}; tables last.
 set -uo pipefail
-OUT=${OUT:-/tmp/device-out}
-mkdir -p "$OUT"
-nvidia-smi -L | tee "$OUT/gpu.txt"
-source benchmarks/device_build.sh
+source benchmarks/device_build.sh  # also: $OUT made, the GPUs in $OUT/gpu.txt
 run_gpu_tests tests/test_grad_compaction.py
 status=0
 python3 benchmarks/exchange_cost.py --json "$OUT/exchange_cost.json" ${EXCHANGE_ARGS:-} > "$OUT/exchange_cost.log" 2>&1 \

@@ -3,17 +3,15 @@
 # (device_build.sh: the .so goes to $OUT, so a later call can carry it back), run
 # tests/test_fused_backend.py, then benchmarks/ssim_kernel.py (the SSIM term: kernel vs pytorch_msssim) and
 # benchmarks/fused_kernel.py (timings, errors, DRAM bytes with ncu when present).
-# Files in $OUT: build.log, bytesplat_cuda_<hash>.so, pytest.log, ssim_kernel.json, bench.log, fused_kernel.json.
+# Files in $OUT: gpu.txt, build.log, bytesplat_cuda_<hash>.so, pytest.log, ssim_kernel.json, bench.log,
+# fused_kernel.json.
 # GPU_TESTS: the test files to run (default tests/test_fused_backend.py); FUSED_ARGS: more options of
 # fused_kernel.py (e.g. --blocks-per-sm 3 4); SKIP_NCU=1: no DRAM bytes (saves ~2 min).
 # PROFILE="scene:variant ...": afterwards a full Nsight Compute profile of one step of each (the rasterization
 # kernels only), as text: every section's details and the per-instruction SASS counters (CSV), in $OUT/profile.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/device-out}
-mkdir -p "$OUT"
-nvidia-smi -L
 start=$(date +%s)
-source benchmarks/device_build.sh
+source benchmarks/device_build.sh  # also: $OUT made, the GPUs in $OUT/gpu.txt
 
 python3 -m pytest -p no:cacheprovider -q -rs ${GPU_TESTS:-tests/test_fused_backend.py} > "$OUT/pytest.log" 2>&1
 tail -15 "$OUT/pytest.log"

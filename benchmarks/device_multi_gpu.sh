@@ -7,10 +7,7 @@
 # MULTI_GPU_ARGS: more options of multi_gpu.py (e.g. --seeds 42 43; --room-views 2000 adds the generated 1080p room,
 # scaling_runs.py); TRAIN_ARGS: ns-train options for every training run; GPU_TESTS="" skips the tests.
 set -uo pipefail
-OUT=${OUT:-/tmp/device-out}
-mkdir -p "$OUT"
-nvidia-smi -L | tee "$OUT/gpu.txt"
-source benchmarks/device_build.sh
+source benchmarks/device_build.sh  # also: $OUT made, the GPUs in $OUT/gpu.txt
 run_gpu_tests tests/test_grad_compaction.py
 python3 benchmarks/exchange_host.py --json "$OUT/exchange_host.json" 2>&1 | tail -22
 if [ -n "${PROBES:-}" ]; then

@@ -22,10 +22,7 @@ if [ "${KEEP_BYTECODE:-1}" = 1 ]; then
   python3 -W ignore -c "from nerfstudio.scripts.train import entrypoint; import nerfstudio.scripts.eval, gsplat, \
 torch.utils.tensorboard, bytesplat_ns.trainer, bytesplat_ns.model" > /dev/null 2>&1
 fi
-OUT=${OUT:-/tmp/device-out}
-mkdir -p "$OUT"
-nvidia-smi -L | tee "$OUT/gpu.txt"
-source benchmarks/device_build.sh
+source benchmarks/device_build.sh  # also: $OUT made, the GPUs in $OUT/gpu.txt
 run_gpu_tests tests/test_step_graph.py
 status=0
 bench() {  # bench NAME ARGS...: benchmarks/NAME.py on lego; its log and JSON in $OUT; tracebacks, table

@@ -5,7 +5,8 @@
 # Every tree's extension builds at once (this tree's through device_build.sh), then, for this tree and each
 # variant in turn, the tests (THIS_TESTS for this tree, VARIANT_TESTS for the others; default
 # tests/test_fused_backend.py) and benchmarks/fused_kernel.py with FUSED_ARGS (no ncu).
-# $OUT: build.log, variants.log (builds, tests, timings), <tree>_fused_kernel.json; a table of all trees last.
+# $OUT: gpu.txt, build.log, variants.log (builds, tests, timings), <tree>_fused_kernel.json; a table of all trees
+# last.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"

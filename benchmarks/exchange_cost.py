@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exchange_plans import object_camera  # noqa: E402
 from fused_kernel import median_ms  # noqa: E402
 from multi_gpu import ROOM_SPLATS, room_camera, room_splats, view_backward  # noqa: E402
-from scaling_runs import room_scene, train_run  # noqa: E402
+from scaling_runs import add_room_options, train_room  # noqa: E402
 
 from bytesplat_ns.camera_matrices import viewmat_from_camera_to_world  # noqa: E402
 from bytesplat_ns.cuda import ops  # noqa: E402
@@ -219,17 +219,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("exchange_cost.json"))
     parser.add_argument("--trained-room", type=Path, default=None, metavar="RUN",
                         help="a bytesplat run folder on the generated room (config.yml's folder)")  # fmt: skip
-    parser.add_argument("--room-data", type=Path, default=Path("/tmp/room-scene"), help="that run's scene")
     parser.add_argument("--trained-views", type=int, default=8)
-    parser.add_argument("--train-room", type=int, default=0, metavar="VIEWS",
-                        help="generate the room into --room-data, train it VIEWS views, measure it")  # fmt: skip
+    add_room_options(parser)
     args = parser.parse_args()
     device = torch.device("cuda")
     began = time.perf_counter()
     if args.train_room:
-        run = train_run(room_scene(args.room_data), args.train_room, 1, Path("/tmp/room-runs"), evaluate=False, seed=43)
-        print(f"room trained: {args.train_room} views at {run['views_per_second']:.1f} views/s: {run['run_dir']}")
-        args.trained_room = Path(run["run_dir"])
+        args.trained_room = train_room(args.room_data, args.train_room)
     dist.init_process_group("nccl", init_method=f"file:///tmp/exchange-cost-{time.time_ns()}", rank=0, world_size=1)
     results = {scene: measure(scene, args.runs, device) for scene in args.scenes}
     if args.trained_room:

@@ -14,6 +14,7 @@ ns-eval's PSNR/SSIM on the held-out views.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -126,6 +127,22 @@ def train_run(scene: TrainScene, views: int, gpus: int, out: Path, exchange: str
     extra = [*extra, *([] if seed is None else ["--machine.seed", str(seed)])]
     record = finish_run(start_run(scene, views, gpus, out, name, exchange, profile_steps, extra), evaluate)
     return {**record, "seed": seed}
+
+
+def add_room_options(parser: argparse.ArgumentParser) -> None:
+    """--room-data and --train-room, of the one-GPU benchmarks that measure a trained room run (`train_room`)."""
+    parser.add_argument("--room-data", type=Path, default=Path("/tmp/room-scene"), help="the room run's scene")
+    parser.add_argument("--train-room", type=int, default=0, metavar="VIEWS",
+                        help="generate the room into --room-data, train it VIEWS views on one GPU")  # fmt: skip
+
+
+def train_room(data: Path, views: int) -> Path:
+    """The room (ROOM_SCENE) generated into `data` unless it is there and trained `views` views on one GPU (seed 43,
+    no evaluation); prints "room trained: ... : <run folder>" (device_exchange.sh reads the folder from it). -> the
+    run folder."""
+    run = train_run(room_scene(data), views, 1, Path("/tmp/room-runs"), evaluate=False, seed=43)
+    print(f"room trained: {views} views at {run['views_per_second']:.1f} views/s: {run['run_dir']}")
+    return Path(run["run_dir"])
 
 
 def scaling_summary(runs: list[dict], exchange: str = "compact") -> dict:

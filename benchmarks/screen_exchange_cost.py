@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,14 +57,22 @@ def graph_us(fn, runs: int) -> float:
     return median_us(graph.replay, runs)
 
 
+def fixed_bins(render: Callable[[RasterizeOptions], object]) -> tuple[RasterizeOptions, int]:
+    """Options whose tile binning has a fixed capacity, as in training (a recording cannot read the exact count):
+    1.25 x the entries of one exact binning by `render` (called once with the options to use; what it returns is
+    dropped, so no autograd graph of it outlives the call). -> (those options, the exact entry count)"""
+    probe = _FixedBins(EXACT)
+    render(replace(OPTS, bins=probe))
+    entries = int(probe.total.item())
+    return replace(OPTS, bins=_FixedBins(int(1.25 * entries) + 1)), entries
+
+
 def step_us(params: dict[str, torch.Tensor], camera: RasterCamera, runs: int) -> dict[str, float]:
     """The render (tile binning at a fixed capacity, as in training), an L1 loss against grey and its backward, all
     the way to the parameters or stopped at the screen-space splats, each recorded as a CUDA graph; median replay
     microseconds. Their difference is the projection and SH backward that the screen exchange moves into its
     backprop of every view."""
-    probe = _FixedBins(EXACT)
-    rasterize(splats_of(params), camera, replace(OPTS, bins=probe))  # exact binning: its entry count
-    opts = replace(OPTS, bins=_FixedBins(int(1.25 * int(probe.total.item())) + 1))
+    opts, _ = fixed_bins(lambda probe: rasterize(splats_of(params), camera, probe))
 
     def step(to_screen: bool) -> None:
         out = rasterize(splats_of(params), camera, opts)

@@ -23,7 +23,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from itertools import permutations
 from pathlib import Path
 from statistics import mean, median, pstdev
@@ -33,16 +32,14 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from exchange_cost import median_us, trained_splats, training_cameras  # noqa: E402
-from scaling_runs import room_scene, train_run  # noqa: E402
-from screen_exchange_cost import OPTS, splats_of  # noqa: E402
+from exchange_cost import trained_splats, training_cameras  # noqa: E402
+from scaling_runs import add_room_options, train_room  # noqa: E402
+from screen_exchange_cost import fixed_bins, graph_us, splats_of  # noqa: E402
 
 from bytesplat_ns.datamanager import camera_shard, epoch_order, matched_epoch_order  # noqa: E402
-from bytesplat_ns.render import RasterCamera  # noqa: E402
-from bytesplat_ns.render.bin_capacity import EXACT  # noqa: E402
+from bytesplat_ns.render import RasterCamera, RasterizeOptions  # noqa: E402
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_step  # noqa: E402
 from bytesplat_ns.ssim import SSIMTerm  # noqa: E402
-from bytesplat_ns.step_graph import _FixedBins  # noqa: E402
 
 LOSS = FusedLoss(ssim_fn=SSIMTerm())
 """Splatfacto's loss as training forms it (0.8 L1 + 0.2 D-SSIM, the SSIM term by bytesplat's kernel)."""
@@ -60,25 +57,18 @@ def training_images(data: Path, count: int, device: torch.device) -> list[torch.
 
 def view_step(params: dict[str, torch.Tensor], camera: RasterCamera, image: torch.Tensor, runs: int) -> dict:
     """One view's training step (fused loss path, backward to the parameters) replayed from a CUDA graph."""
-    probe = _FixedBins(EXACT)
-    out = fused_loss_step(splats_of(params), camera, replace(OPTS, bins=probe), image, LOSS)  # exact: its count
-    in_view = float((out.radii > 0).float().mean())
-    entries = int(probe.total.item())
-    del out
-    opts = replace(OPTS, bins=_FixedBins(int(1.25 * entries) + 1))
+    seen = {}
 
-    def step() -> None:
-        fused_loss_step(splats_of(params), camera, opts, image, LOSS).loss.backward()
+    def probe(opts: RasterizeOptions) -> None:  # the exact binning's render: the share of splats in view
+        seen["in_view"] = float(
+            (fused_loss_step(splats_of(params), camera, opts, image, LOSS).radii > 0).float().mean()
+        )
 
-    step()  # first use outside the recording (lazy set-up)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        step()
-    ms = median_us(graph.replay, runs) / 1000
-    del graph
+    opts, entries = fixed_bins(probe)
+    ms = graph_us(lambda: fused_loss_step(splats_of(params), camera, opts, image, LOSS).loss.backward(), runs) / 1000
     for p in params.values():
         p.grad = None
-    return {"ms": ms, "in_view_fraction": in_view, "tile_entries": entries}
+    return {"ms": ms, "in_view_fraction": seen["in_view"], "tile_entries": entries}
 
 
 def draw_waits(views: list[dict], seeds: range = range(20)) -> dict:
@@ -110,9 +100,7 @@ def print_draws(draws: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", type=Path, default=None, help="a bytesplat run folder on the generated room")
-    parser.add_argument("--room-data", type=Path, default=Path("/tmp/room-scene"), help="that run's scene")
-    parser.add_argument("--train-room", type=int, default=0, metavar="VIEWS",
-                        help="generate the room into --room-data, train it VIEWS views (one GPU), time it")  # fmt: skip
+    add_room_options(parser)
     parser.add_argument("--views", type=int, default=24, help="training views to time (the room has 24)")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--json", type=Path, default=Path("view_balance.json"))
@@ -125,9 +113,7 @@ def main() -> None:
     device = torch.device("cuda")
     began = time.perf_counter()
     if args.train_room:
-        run = train_run(room_scene(args.room_data), args.train_room, 1, Path("/tmp/room-runs"), evaluate=False, seed=43)
-        print(f"room trained: {args.train_room} views at {run['views_per_second']:.1f} views/s: {run['run_dir']}")
-        args.run = Path(run["run_dir"])
+        args.run = train_room(args.room_data, args.train_room)
     params = trained_splats(args.run, device)
     cameras = training_cameras(args.run, args.room_data, args.views, device)
     images = training_images(args.room_data, args.views, device)

@@ -85,26 +85,34 @@ class ByteSplatPipeline(VanillaPipeline):
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
         self.datamanager.view_costs = self.model.bins.entries_by_view  # matched draws (datamanager.py)
-        kernels = config.exchange_kernels and world_size > 1 and torch.device(device).type == "cuda"
-        if kernels:
-            _build_exchange_kernels()
-        sparse = SparseRowExchange(
-            half=config.half_precision_exchange, kernels=kernels, all_to_all_from=config.exchange_all_to_all_from
-        )
-        self.exchange = DenseExchange() if config.exchange == "dense" else sparse
-        self.exchanges_screen = config.exchange == "screen" and world_size > 1
-        """The trainer's backward stops at the render's screen-space splats; the exchange carries it on."""
-        if self.exchanges_screen:
+        self.exchange = self._make_exchange(config, device, world_size, dataset)
+        self._other_params: list[torch.nn.Parameter] | None = None
+        """The parameters other than the splats', listed at the first exchange."""
+
+    def _make_exchange(self, config: ByteSplatPipelineConfig, device: str, world_size: int, dataset):
+        """The splat gradients' exchange --pipeline.exchange names (its kernels built now on CUDA)."""
+        if config.exchange == "dense":
+            return DenseExchange()
+        if config.exchange == "screen" and world_size > 1:
             why = screen_exchange.ineligible(self.model, dataset.cameras)
             if why is not None:
                 raise BadInputError(
                     f"--pipeline.exchange screen cannot train with {why}. Use --pipeline.exchange compact, or drop "
                     "that option."
                 )
-            self.exchange = ScreenExchange()
             self.model.keeps_screen = True
-        self._other_params: list[torch.nn.Parameter] | None = None
-        """The parameters other than the splats', listed at the first exchange."""
+            return ScreenExchange()
+        kernels = config.exchange_kernels and world_size > 1 and torch.device(device).type == "cuda"
+        if kernels:
+            _build_exchange_kernels()
+        return SparseRowExchange(
+            half=config.half_precision_exchange, kernels=kernels, all_to_all_from=config.exchange_all_to_all_from
+        )
+
+    @property
+    def exchanges_screen(self) -> bool:
+        """The trainer's backward stops at the render's screen-space splats; the exchange carries it on."""
+        return isinstance(self.exchange, ScreenExchange)
 
     def get_train_loss_dict(self, step: int):
         """nerfstudio's, with the batch handed to the model's render (the fused loss path forms the loss there)."""

@@ -16,7 +16,6 @@ from bytesplat_ns.cuda import ops
 from bytesplat_ns.render import RasterCamera, RasterizeOptions, rasterize
 from bytesplat_ns.render import torch_backend as ref
 from bytesplat_ns.render.fused_backend import FusedLoss, fused_loss_raster, fused_loss_step
-from bytesplat_ns.render.projection import Projected
 from bytesplat_ns.render.tiles import TileBins, bin_tiles
 
 DEVICE = "cuda"
@@ -170,10 +169,9 @@ def shifted_cutoffs(factor: float):
 def reference(scene: Scene, bins: TileBins, grad: bool = True):
     """float64 composite of the same float32 numbers: -> image [H, W, D], alpha [H, W, 1], leaves, absgrad."""
     leaves = [t.to(F64).requires_grad_(grad) for t in (scene.means2d, scene.conics, scene.colors, scene.opacities)]
-    proj = Projected(means2d=leaves[0], conics=leaves[1], depths=scene.depths.to(F64), radii=scene.radii)
     cam = RasterCamera(torch.eye(4, dtype=F64), torch.eye(3, dtype=F64), scene.width, scene.height)
     absgrad = torch.zeros(scene.means2d.shape[0] + 1, 2, dtype=F64, device=DEVICE)
-    image, alpha = ref.composite(leaves[0], proj, leaves[3], leaves[2], bins, cam, scene.tile_size,
+    image, alpha = ref.composite(leaves[0], leaves[1], leaves[3], leaves[2], bins, cam, scene.tile_size,
                                  absgrad if grad else None)  # fmt: skip
     return image, alpha, leaves, absgrad
 

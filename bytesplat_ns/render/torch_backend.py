@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bytesplat_ns.render.projection import Projected, tile_grid
+from bytesplat_ns.render.projection import tile_grid
 from bytesplat_ns.render.screen_space import screen_space
 from bytesplat_ns.render.tiles import TileBins, bin_tiles
 from bytesplat_ns.render.types import RasterCamera, RasterizeOptions, RenderOutputs, Splats
@@ -39,8 +39,8 @@ def rasterize_torch(splats: Splats, camera: RasterCamera, opts: RasterizeOptions
     if opts.absgrad and means2d.requires_grad:
         absgrad = means2d.new_zeros(splats.count + 1, 2)
         means2d.absgrad = absgrad[:-1][None]  # filled during backward, as gsplat does
-    proj = Projected(means2d[0], screen.conics, screen.depths, radii)
-    image, alpha = composite(means2d[0], proj, screen.opacities, features, bins, camera, opts.tile_size, absgrad)
+    image, alpha = composite(means2d[0], screen.conics, screen.opacities, features, bins, camera, opts.tile_size,
+                             absgrad)  # fmt: skip
 
     depth = None
     if opts.render_depth:
@@ -56,7 +56,7 @@ def rasterize_torch(splats: Splats, camera: RasterCamera, opts: RasterizeOptions
 
 def composite(
     means2d: Tensor,  # [N, 2]
-    proj: Projected,
+    conics: Tensor,  # [N, 3]
     opacities: Tensor,  # [N]
     features: Tensor,  # [N, D]
     bins: TileBins,
@@ -66,7 +66,7 @@ def composite(
 ) -> tuple[Tensor, Tensor]:
     """Front-to-back alpha compositing per tile. Returns image [H, W, D] and alpha [H, W, 1]."""
     pad = lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])])  # noqa: E731  row N: a splat of opacity 0
-    means_p, conics_p, opac_p, feat_p = pad(means2d), pad(proj.conics), pad(opacities), pad(features)
+    means_p, conics_p, opac_p, feat_p = pad(means2d), pad(conics), pad(opacities), pad(features)
 
     num_tiles = bins.tile_splats.shape[0]
     side = torch.arange(tile_size, device=means2d.device, dtype=means2d.dtype)
