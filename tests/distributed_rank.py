@@ -80,6 +80,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     trainer.setup()
     counts: list[int] = []
     times: list[float] = []
+    resumes: list[int] = []  # the run control's resume count after each step: when the ranks paused
     model = trainer.pipeline.model
     model.strategy.verbose = False
     drawn: list[int] = []
@@ -96,6 +97,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     def after_step(step: int) -> None:  # runs after the model's own densification callback
         counts.append(model.num_points)
         times.append(time.monotonic())
+        resumes.append(trainer.control.resumes if trainer.control else 0)
         if rank == 0 and step == pause_at:
             trainer.training_state = "paused"  # what the viewer's pause button does
             threading.Timer(PAUSE_S, lambda: setattr(trainer, "training_state", "training")).start()
@@ -109,6 +111,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
         "counts": counts,
         "drawn": drawn,
         "times": times,
+        "resumes": resumes,
         "params": params,
         "start_step": trainer._start_step,
         "step": trainer.step,

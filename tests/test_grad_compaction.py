@@ -165,7 +165,7 @@ def test_half_precision_values(tmp_path, route_from):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), True, 4, route_from), nprocs=2, join=True)
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.two_gpus)])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("graph", [False, True], ids=["op-by-op", "graph"])
 @pytest.mark.parametrize("route_from", [99, 1], ids=["all-gather", "routed"])

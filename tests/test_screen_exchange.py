@@ -157,7 +157,7 @@ def test_screen_exchange_equals_dense_allreduce_on_cpu(tmp_path, world):
     mp.spawn(_worker, args=(world, str(tmp_path / "init"), "gloo"), nprocs=world, join=True)
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.two_gpus)])
 @pytest.mark.parametrize("graph", [False, True], ids=["op-by-op", "graph"])
 @pytest.mark.parametrize("fused_loss", [False, True], ids=["render", "fused-loss"])
 def test_screen_exchange_over_nccl_equals_dense_allreduce(tmp_path, world, graph, fused_loss):
