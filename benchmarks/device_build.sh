@@ -34,10 +34,13 @@ fi
 echo "build: $(( $(date +%s) - build_start )) s"
 
 # run_gpu_tests DEFAULT: pytest on $GPU_TESTS (DEFAULT when it is unset; GPU_TESTS="" runs none) into $OUT/pytest.log,
-# its last lines shown.
+# one line per test as it ends; its summary shown. GPU_TESTS_TIMEOUT (seconds) interrupts pytest as Ctrl-C would, so
+# the failures so far are still reported and the rest of the call still runs.
 run_gpu_tests() {
   local tests=${GPU_TESTS-$1}
   [ -n "$tests" ] || return 0
-  python3 -m pytest -p no:cacheprovider -q -rs $tests > "$OUT/pytest.log" 2>&1
-  tail -3 "$OUT/pytest.log"
+  timeout -s INT "${GPU_TESTS_TIMEOUT:-100000}" python3 -m pytest -p no:cacheprovider -v -rfEs --durations=10 $tests \
+    > "$OUT/pytest.log" 2>&1
+  echo "pytest rc $?"
+  grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt" "$OUT/pytest.log" | tail -12
 }
