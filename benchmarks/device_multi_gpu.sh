@@ -5,11 +5,13 @@
 # RENDERERS="gsplat fused"`) or the benchmark (2M-splat room exchange, then lego on 2 GPUs and on 1 GPU with the
 # same views). Logs and JSON go to $OUT.
 # MULTI_GPU_ARGS: more options of multi_gpu.py (e.g. --seeds 42 43; --room-views 2000 adds the generated 1080p room,
-# scaling_runs.py); TRAIN_ARGS: ns-train options for every training run; GPU_TESTS="" skips the tests.
+# scaling_runs.py); TRAIN_ARGS: ns-train options for every training run; GPU_TESTS="" skips the tests
+# (GPU_TESTS="-m two_gpus tests/..." runs only those needing two GPUs; GPU_TESTS_TIMEOUT caps them, device_build.sh);
+# EXCHANGE_HOST=0 skips exchange_host.py.
 set -uo pipefail
 source benchmarks/device_build.sh  # also: $OUT made, the GPUs in $OUT/gpu.txt
 run_gpu_tests tests/test_grad_compaction.py
-python3 benchmarks/exchange_host.py --json "$OUT/exchange_host.json" 2>&1 | tail -22
+[ "${EXCHANGE_HOST:-1}" = 0 ] || python3 benchmarks/exchange_host.py --json "$OUT/exchange_host.json" 2>&1 | tail -22
 if [ -n "${PROBES:-}" ]; then
   for renderer in ${RENDERERS:-auto}; do
     python3 benchmarks/multi_gpu.py --data .device-kit/data/lego --views "${LEGO_VIEWS:-3000}" --out "/tmp/probe-$renderer" \
