@@ -28,6 +28,9 @@ DEAD_RANK_EXIT_S = 60
 
 def start_ranks(root: Path, world: int, *extra: str, signal_at: dict[int, tuple[int, int]] | None = None
                 ) -> list[subprocess.Popen]:  # fmt: skip
+    """The ranks' processes (tests/distributed_rank.py). Each writes its output to a file (`rank_output`), not a
+    pipe: a pipe nobody drains while the test waits for another rank would stop a rank that prints much, and with
+    it every rank's collectives."""
     scene_path(root)  # written once, before the ranks start
     init_file = root / f"init-{time.monotonic_ns()}"
     procs = []
@@ -36,17 +39,18 @@ def start_ranks(root: Path, world: int, *extra: str, signal_at: dict[int, tuple[
                 str(init_file), str(root), *extra]  # fmt: skip
         if signal_at and rank in signal_at:
             args += ["--signal-at", *map(str, signal_at[rank])]
-        procs.append(
-            subprocess.Popen(
-                args,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", OMP_NUM_THREADS="1"),
-            )  # fmt: skip
-        )
+        log = Path(f"{init_file}-rank{rank}.log")
+        with open(log, "w") as out:
+            env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", OMP_NUM_THREADS="1")
+            proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc.output_path = log
+        procs.append(proc)
     return procs
+
+
+def rank_output(proc: subprocess.Popen) -> str:
+    """What a rank started by `start_ranks` has printed so far."""
+    return proc.output_path.read_text(errors="replace")
 
 
 def finish(procs: list[subprocess.Popen]) -> list[str]:
@@ -54,16 +58,26 @@ def finish(procs: list[subprocess.Popen]) -> list[str]:
     whose faulthandler prints where each of its threads was, and the test fails with every rank's output."""
     deadline = time.monotonic() + RANK_TIMEOUT_S
     try:
-        outputs = [p.communicate(timeout=max(deadline - time.monotonic(), 1))[0] for p in procs]
+        for proc in procs:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGABRT)
-        tails = "\n".join(f"--- rank {r}:\n{p.communicate()[0][-6000:]}" for r, p in enumerate(procs))
+            proc.wait()
+        tails = "\n".join(f"--- rank {r}:\n{_before_and_stacks(rank_output(p))}" for r, p in enumerate(procs))
         pytest.fail(f"ranks still running after {RANK_TIMEOUT_S} s; their output and stacks:\n{tails}")
+    outputs = [rank_output(p) for p in procs]
     for rank, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
     return outputs
+
+
+def _before_and_stacks(output: str) -> str:
+    """The end of a rank's output before faulthandler's report, and the report (each thread's stack, innermost
+    call first)."""
+    report = output.rfind("Fatal Python error")
+    return output[-6000:] if report < 0 else output[max(report - 3000, 0) : report + 12000]
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +193,12 @@ def test_a_dead_or_hung_rank_stops_the_others_with_a_message(tmp_path, how):
                 assert procs[1].poll() is None
                 time.sleep(0.2)
         since = time.monotonic()
-        out = procs[0].communicate(timeout=RANK_TIMEOUT_S)[0]
+        procs[0].wait(timeout=RANK_TIMEOUT_S)
         waited = time.monotonic() - since
+        out = rank_output(procs[0])
     finally:
         procs[1].kill()
-        procs[1].communicate()
+        procs[1].wait()
     assert procs[0].returncode != 0
     assert waited < DEAD_RANK_EXIT_S, waited
     messages = ["rank 1 has sent no heartbeat"] + (["other ranks exited first"] if how == "killed" else [])
