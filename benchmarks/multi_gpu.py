@@ -281,23 +281,27 @@ def main() -> None:
 
     def seed_by_seed(scene: TrainScene, views: int, runs: list[dict]):
         """Adds per seed a 2-GPU run with each of --exchanges and a 1-GPU run to `runs` (2 then 1 GPU for the first
-        seed, 1 then 2 for the next, ...), yielding their summary after each seed (the first exchange's; with
-        several, each one's in `by_exchange`)."""
+        seed, 1 then 2 for the next, ...), yielding after each run (so a call stopped by its time limit keeps the
+        runs it finished) the summary so far: the first exchange's, with several each one's in `by_exchange`; {}
+        until a 1-GPU and a 2-GPU run are there."""
         two, one = [(2, exchange) for exchange in args.exchanges], [(1, "compact")]
         for index, seed in enumerate(args.seeds):
-            runs += [train_run(scene, views, gpus, args.out, exchange, extra=args.train_args, seed=seed)
-                     for gpus, exchange in (two + one if index % 2 == 0 else one + two)]  # fmt: skip
-            summary = scaling_summary(runs, args.exchanges[0])
-            if len(args.exchanges) > 1:
-                summary["by_exchange"] = {exchange: scaling_summary(runs, exchange) for exchange in args.exchanges}
-            yield summary
+            for gpus, exchange in two + one if index % 2 == 0 else one + two:
+                runs.append(train_run(scene, views, gpus, args.out, exchange, extra=args.train_args, seed=seed))
+                done = {r["exchange"] for r in runs if r["gpus"] == 2} if any(r["gpus"] == 1 for r in runs) else set()
+                ready = [exchange for exchange in args.exchanges if exchange in done]
+                summary = scaling_summary(runs, ready[0]) if ready else {}
+                if len(ready) > 1:
+                    summary["by_exchange"] = {exchange: scaling_summary(runs, exchange) for exchange in ready}
+                yield summary
 
     if not args.skip_lego:
         lego, runs = lego_scene(args.data), earlier.get("lego_runs", [])
         if args.warmup_views > 0:
             train_run(lego, args.warmup_views, 2, args.out / "warmup", evaluate=False, extra=args.train_args)
         for summary in seed_by_seed(lego, args.views, runs):
-            summary["comm_bytes_reduction_lego"] = summary.pop("comm_bytes_reduction")
+            if summary:
+                summary["comm_bytes_reduction_lego"] = summary.pop("comm_bytes_reduction")
             record.update(summary, lego_runs=runs)
             save()
     if args.room_views > 0:
