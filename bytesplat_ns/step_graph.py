@@ -194,6 +194,16 @@ class StepGraph:
         return (f"{self.replays:,} steps replayed, {self.captures} recordings ({self.record_seconds:.1f} s); op by op: "
                 f"{eager or 'none'}")  # fmt: skip
 
+    def release(self) -> None:
+        """Free the recorded graph and its memory pool, at the end of training. With several GPUs a graph that
+        recorded an NCCL collective holds the communicator: destroying the process group (nerfstudio's launcher does
+        after training) waits until every such graph is gone, for ever while the trainer keeps this one. Does not
+        wait for the GPU (a graph still running is freed when it ends)."""
+        self._forget()
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = None
+
     def _forget(self) -> None:
         """Mark the graph stale and drop what points into its buffers. The graph itself stays until the next
         recording, which reuses its memory pool (a new pool per recording would allocate and free every buffer)."""

@@ -400,6 +400,8 @@ class ByteSplatTrainer(Trainer):
                 )
             raise
         finally:
+            if self.step_graph is not None:
+                self.step_graph.release()  # before the launcher destroys the process group (StepGraph.release)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 

@@ -92,6 +92,7 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     routed = world >= route_from
     limit = -(-ROWS // world) if routed else ROWS  # the most rows one buffer can need
+    replayed = None
     try:
         exchange = SparseRowExchange(half=half, lag=lag, kernels=device.type == "cuda", all_to_all_from=route_from)
         replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES])
@@ -146,6 +147,8 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
         if graph:  # recorded again as the capacity adapted (the first steps, the dense step's overflow)
             assert replayed.recordings >= 3, replayed.recordings
     finally:
+        if replayed is not None and replayed.graph is not None:  # it holds NCCL's communicator (StepGraph.release)
+            replayed.graph.reset()
         dist.destroy_process_group()
 
 

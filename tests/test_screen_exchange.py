@@ -115,6 +115,7 @@ def _worker(rank: int, world: int, init_file: str, backend: str, graph: bool = F
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    replayed = None
     try:
         renderer = "torch" if device.type == "cpu" else "fused"
         opts = RasterizeOptions(sh_degree=3, background=torch.full((3,), 0.3, device=device), backend=renderer)
@@ -148,6 +149,8 @@ def _worker(rank: int, world: int, init_file: str, backend: str, graph: bool = F
             dist.all_gather(gathered, flat)
             assert all(torch.equal(g, gathered[0]) for g in gathered)
     finally:
+        if replayed is not None and replayed.graph is not None:  # it holds NCCL's communicator (StepGraph.release)
+            replayed.graph.reset()
         dist.destroy_process_group()
 
 

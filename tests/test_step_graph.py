@@ -163,6 +163,7 @@ def test_the_sh_degree_rising_records_the_graph_again(tmp_path):
     recorder = trainer.step_graph
     assert recorder.eager == {"exact binning": 1, "new configuration": 3}, recorder.summary()  # steps 0, 1, 15, 30
     assert (recorder.captures, recorder.replays) == (3, 36)  # SH degrees 0, 1, 2
+    assert recorder.graph is None  # released at the end of training (with NCCL, destroying the group waits on it)
 
 
 @gpu
