@@ -62,7 +62,8 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
              half_exchange: bool = False, route_from: int | None = None,
              exchange: str = "compact", match_view_costs: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
-    SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S later."""
+    SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S after
+    the ranks agreed to pause."""
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     config = rank_config(root, views, load_dir)
     config.machine.num_devices = world
@@ -81,6 +82,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     counts: list[int] = []
     times: list[float] = []
     resumes: list[int] = []  # the run control's resume count after each step: when the ranks paused
+    resume: list[threading.Timer] = []  # rank 0's, started once the ranks agreed to pause
     model = trainer.pipeline.model
     model.strategy.verbose = False
     drawn: list[int] = []
@@ -100,7 +102,11 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
         resumes.append(trainer.control.resumes if trainer.control else 0)
         if rank == 0 and step == pause_at:
             trainer.training_state = "paused"  # what the viewer's pause button does
-            threading.Timer(PAUSE_S, lambda: setattr(trainer, "training_state", "training")).start()
+        if rank == 0 and pause_at is not None and not resume and trainer.control.agreed_state == "paused":
+            # the ranks agreed to pause at the next step: rank 0 resumes PAUSE_S from now (however long the steps
+            # until the agreement took, which a GPU's first recordings make long)
+            resume.append(threading.Timer(PAUSE_S, lambda: setattr(trainer, "training_state", "training")))
+            resume[0].start()
         if signal_at is not None and step == signal_at[0]:
             os.kill(os.getpid(), signal_at[1])
 
