@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ def room_scene(folder: Path) -> TrainScene:
     return TrainScene("room", folder, tuple(WIDE_OPTIONS), "bytesplat-data")  # full resolution, no refine
 
 
+EXIT_S = 60.0
+"""How long a run may take to exit once rank 0 has written its stats (training over) before it counts as hung."""
+
+
 @dataclass
 class TrainJob:
     """A training run started in the background."""
@@ -89,15 +94,36 @@ def start_run(scene: TrainScene, views: int, gpus: int, out: Path, name: str, ex
     print("$ " + " ".join(cmd), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / f"{scene.name}-{name}.log", "w")  # noqa: SIM115 (closed in finish_run)
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    return TrainJob(process, out / scene.name / "bytesplat" / name, time.perf_counter(), log, gpus, exchange, views)
+    run_dir = out / scene.name / "bytesplat" / name
+    (run_dir / "bytesplat_stats.json").unlink(missing_ok=True)  # its appearance says this run's training ended
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                               start_new_session=True)  # fmt: skip
+    return TrainJob(process, run_dir, time.perf_counter(), log, gpus, exchange, views)
+
+
+def _exited(job: TrainJob) -> bool:
+    """Wait for a run's ns-train to exit. -> False if it was still running EXIT_S after rank 0 wrote its stats (it
+    hung on its way out, after training): then it is killed, with the processes it started."""
+    stats, ended = job.run_dir / "bytesplat_stats.json", None
+    while job.process.poll() is None:
+        ended = ended or (time.monotonic() if stats.exists() else None)
+        if ended is not None and time.monotonic() - ended > EXIT_S:
+            os.killpg(job.process.pid, signal.SIGKILL)
+            job.process.wait()
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def finish_run(job: TrainJob, evaluate: bool = True) -> dict:
-    """Wait for a run from start_run; its stats (and with `evaluate`, ns-eval's test PSNR/SSIM)."""
-    if job.process.wait() != 0:
+    """Wait for a run from start_run; its stats (and with `evaluate`, ns-eval's test PSNR/SSIM). A run that trained
+    but did not exit is recorded with `hung_at_exit` (its wall time then includes EXIT_S)."""
+    exited = _exited(job)
+    if exited and job.process.returncode != 0:
         raise RuntimeError(f"ns-train failed (exit {job.process.returncode}); see {job.log.name}")
     wall = time.perf_counter() - job.started
+    if not exited:
+        print(f"ns-train trained but had not exited {EXIT_S:.0f} s later: killed; see {job.log.name}", flush=True)
     job.log.close()
     run_dir = job.run_dir
     stats = json.loads((run_dir / "bytesplat_stats.json").read_text())
@@ -109,6 +135,7 @@ def finish_run(job: TrainJob, evaluate: bool = True) -> dict:
         "exchange": job.exchange,
         "views": job.views,
         "wall_s": wall,
+        "hung_at_exit": not exited,
         **stats,
         "phase_ms_other_ranks": others,
         "step_profiles": profiles,
@@ -176,8 +203,9 @@ def print_runs(scene: str, runs: list[dict], summaries: list[dict]) -> None:
     for run in sorted(runs, key=lambda r: (r["gpus"], r["exchange"], r["seed"])):
         less = "-" if run["exchange_reduction"] is None else f"{100 * run['exchange_reduction']:.1f}%"
         label = f"{run['gpus']} GPU" + (f" {run['exchange']}" if run["gpus"] > 1 else "")
+        hung = "  hung at exit (killed)" if run.get("hung_at_exit") else ""
         print(f"{label:<14} {run['seed']:5d} {run['views']:6d} {run['views_per_second']:8.1f} "
-              f"{run['test_psnr']:7.2f} {less:>10} {run['wall_s']:7.0f}")  # fmt: skip
+              f"{run['test_psnr']:7.2f} {less:>10} {run['wall_s']:7.0f}{hung}")  # fmt: skip
     for summary in summaries:
         print(
             f"{scene} scaling 2 GPUs ({summary['exchange_2gpu']}) / 1 GPU: {summary['scaling_2gpu']:.2f}x (mean "
