@@ -50,6 +50,43 @@ def test_the_cpu_trains_op_by_op_and_says_why(tmp_path):
     assert trainer.graph_off == "training on the CPU"
 
 
+class _OpByOpRecorder:
+    """Stands in for the step graph on the CPU: runs every step op by op, counts its releases."""
+
+    captures = replays = 0
+    record_seconds = 0.0
+    eager: dict = {}
+
+    def __init__(self) -> None:
+        self.releases = 0
+
+    def run(self, step, camera, batch, note=None):
+        return None
+
+    def release(self) -> None:
+        self.releases += 1
+
+
+@pytest.mark.parametrize("ends", ["done", "failed"])
+def test_training_frees_the_step_graph_when_it_ends(tmp_path, ends):
+    """With several GPUs a recorded step holds NCCL's communicator, and destroying the process group waits until it
+    is freed (StepGraph.release): the trainer frees it when training ends, normally or by an error."""
+    trainer = make_trainer(tmp_path, steps=3)
+    trainer.step_graph = recorder = _OpByOpRecorder()
+    if ends == "failed":
+
+        def fail(step: int) -> None:
+            if step == 1:
+                raise RuntimeError("a step failed")
+
+        trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], fail))
+        with pytest.raises(RuntimeError, match="a step failed"):
+            trainer.train()
+    else:
+        trainer.train()
+    assert recorder.releases == 1
+
+
 def test_several_gpus_train_op_by_op_unless_asked(tmp_path):
     """The replayed multi-GPU step waits for its two-GPU check: off by default, with the flag in the reason."""
     from bytesplat_ns.step_graph import ineligible
