@@ -288,8 +288,8 @@ def main() -> None:
         for index, seed in enumerate(args.seeds):
             for gpus, exchange in two + one if index % 2 == 0 else one + two:
                 runs.append(train_run(scene, views, gpus, args.out, exchange, extra=args.train_args, seed=seed))
-                done = {r["exchange"] for r in runs if r["gpus"] == 2} if any(r["gpus"] == 1 for r in runs) else set()
-                ready = [exchange for exchange in args.exchanges if exchange in done]
+                one_gpu, two_gpus = any(r["gpus"] == 1 for r in runs), {r["exchange"] for r in runs if r["gpus"] == 2}
+                ready = [exchange for exchange in args.exchanges if one_gpu and exchange in two_gpus]
                 summary = scaling_summary(runs, ready[0]) if ready else {}
                 if len(ready) > 1:
                     summary["by_exchange"] = {exchange: scaling_summary(runs, exchange) for exchange in ready}
