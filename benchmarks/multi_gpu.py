@@ -227,6 +227,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="lego: one 2-GPU and one 1-GPU run each")
     parser.add_argument("--exchanges", nargs="+", default=["compact"], choices=["compact", "screen", "dense"],
                         help="the 2-GPU runs' --pipeline.exchange: one 2-GPU run per seed for each")  # fmt: skip
+    parser.add_argument("--gpus", type=int, nargs="+", default=[2, 1], choices=[1, 2],
+                        help="which runs each seed gets: 2 and 1 GPU (both), or one of them (with --add-to, the runs "
+                             "an earlier call did not finish)")  # fmt: skip
     parser.add_argument("--add-to", type=Path, default=None,
                         help="a JSON written by an earlier call: keep its room result and training runs, add this "
                              "call's runs (more seeds), skip the room exchange measurement")  # fmt: skip
@@ -284,7 +287,8 @@ def main() -> None:
         seed, 1 then 2 for the next, ...), yielding after each run (so a call stopped by its time limit keeps the
         runs it finished) the summary so far: the first exchange's, with several each one's in `by_exchange`; {}
         until a 1-GPU and a 2-GPU run are there."""
-        two, one = [(2, exchange) for exchange in args.exchanges], [(1, "compact")]
+        two = [(2, exchange) for exchange in args.exchanges] if 2 in args.gpus else []
+        one = [(1, "compact")] if 1 in args.gpus else []
         for index, seed in enumerate(args.seeds):
             for gpus, exchange in two + one if index % 2 == 0 else one + two:
                 runs.append(train_run(scene, views, gpus, args.out, exchange, extra=args.train_args, seed=seed))
