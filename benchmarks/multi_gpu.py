@@ -57,13 +57,14 @@ ROOM_VIEWS = 12
 """Views per GPU in the room measurement."""
 
 
-def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
-    """One probe: GPUS[:EXCHANGE] (one run), or 1x2 (two independent 1-GPU runs at once, on GPUs 0 and 1: how much
-    two busy processes slow each other's host)."""
+def probe_run(probe: str, args: argparse.Namespace) -> list[dict]:
+    """One probe on lego (the room with --probe-room): GPUS[:EXCHANGE] (one run), or 1x2 (two independent 1-GPU runs
+    at once, on GPUs 0 and 1: how much two busy processes slow each other's host)."""
+    scene = room_scene(args.room_dir) if args.probe_room else lego_scene(args.data)
     if probe == "1x2":
         jobs = [
             start_run(
-                lego_scene(args.data),
+                scene,
                 args.views,
                 1,
                 args.out,
@@ -76,7 +77,7 @@ def probe_lego(probe: str, args: argparse.Namespace) -> list[dict]:
         ]
         return [{"probe": f"1x2 gpu{g}", **finish_run(job, evaluate=False)} for g, job in enumerate(jobs)]
     gpus, _, exchange = probe.partition(":")
-    run = train_run(lego_scene(args.data), args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
+    run = train_run(scene, args.views, int(gpus), args.out, exchange or "compact", evaluate=False,
                      profile_steps=args.profile, extra=args.train_args)  # fmt: skip
     return [{"probe": probe, **run}]
 
@@ -240,6 +241,8 @@ def main() -> None:
         metavar="GPUS[:EXCHANGE]",
         help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 1x2 (writes OUT/probes.json)",
     )
+    parser.add_argument("--probe-room", action="store_true",
+                        help="with --probe: the probes train the generated room (--room-dir), not lego")  # fmt: skip
     parser.add_argument("--warmup-views", type=int, default=500,
                         help="lego: one 2-GPU run of this many views first, not recorded (the first run on a fresh "
                              "machine ran slower in every phase); 0: none")  # fmt: skip
@@ -254,7 +257,7 @@ def main() -> None:
     if args.probe:
         probes = []
         for probe in args.probe:
-            probes += probe_lego(probe, args)
+            probes += probe_run(probe, args)
             (args.out / "probes.json").write_text(json.dumps(probes, indent=2) + "\n")
         print(f"{'probe':<10} {'views/s':>8}  phases (host ms/step)")
         print(f"  {'profile':<8} {'':8} {'host ms':>8} {'gpu ms':>7} {'launch':>7} {'syncs':>6} {'wait ms':>8}  "
@@ -323,10 +326,14 @@ def main() -> None:
           f"{room['compact_fp16_ms_median']:.2f} vs {room['dense_ms_median']:.2f} ms; with the pack/unpack kernels "
           f"{room.get('compact_fp32_kernels_ms_median', float('nan')):.2f} ms")  # fmt: skip
     if not args.skip_lego:
-        print_runs("lego", record["lego_runs"], list(record.get("by_exchange", {}).values()) or [record])
+        print_runs("lego", record["lego_runs"], summaries(record))
     if "room_training" in record:
-        trained = record["room_training"]
-        print_runs("room", trained["runs"], list(trained.get("by_exchange", {}).values()) or [trained])
+        print_runs("room", record["room_training"]["runs"], summaries(record["room_training"]))
+
+
+def summaries(record: dict) -> list[dict]:
+    """A record's scaling summaries: one per 2-GPU exchange; none until it has a 1-GPU and a 2-GPU run."""
+    return list(record.get("by_exchange", {}).values()) or ([record] if "scaling_2gpu" in record else [])
 
 
 if __name__ == "__main__":

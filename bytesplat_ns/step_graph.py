@@ -74,7 +74,7 @@ def ineligible(trainer) -> str | None:
     checks = [
         (not trainer.device.startswith("cuda"), "training on the CPU"),
         (trainer.world_size > 1 and not trainer.config.cuda_graph_several_gpus,
-         "several GPUs (--cuda-graph-several-gpus True replays their steps too; its two-GPU quality is not settled)"),
+         "several GPUs with --cuda-graph-several-gpus False"),
         (trainer.world_size > 1 and not (isinstance(exchange, ScreenExchange)
                                          or isinstance(exchange, SparseRowExchange) and exchange.kernels),
          "several processes with the dense exchange, or the compacted one without its kernels (--pipeline.exchange "

@@ -74,10 +74,11 @@ class ByteSplatTrainerConfig(TrainerConfig):
     cuda_graph: bool = True
     """On one CUDA GPU with the fused renderer: record the training step as a CUDA graph and replay it, recording
     again after densification (step_graph.py says when it applies). False: every step runs op by op."""
-    cuda_graph_several_gpus: bool = False
-    """With several GPUs: replay each rank's step, the compacted exchange's NCCL all-gather inside, as a CUDA graph
-    too. Off by default: its one two-GPU run so far (lego, thirty-fifth session) trained at 1.14x one GPU's views
-    per second, and whether it keeps the held-out quality is not settled yet (benchmarks/RESULTS.md)."""
+    cuda_graph_several_gpus: bool = True
+    """With several GPUs: replay each rank's step, the exchange's NCCL collectives inside, as a CUDA graph too (the
+    compacted exchange with its kernels, or the screen exchange). On two H200s it trained lego at 1,105-1,166 views/s
+    with one GPU's held-out PSNR; op by op two GPUs trained 295 views/s (benchmarks/RESULTS.md, thirty-eighth and
+    eighth sessions). False: every rank runs its steps op by op."""
     adam_one_launch: bool = True
     """On CUDA: step every parameter group's Adam in one kernel launch (adam_all_groups.py). False: nerfstudio's
     per-group step (torch's fused Adam, two launches per group)."""

@@ -87,15 +87,15 @@ def test_training_frees_the_step_graph_when_it_ends(tmp_path, ends):
     assert recorder.releases == 1
 
 
-def test_several_gpus_train_op_by_op_unless_asked(tmp_path):
-    """The replayed multi-GPU step waits for its two-GPU check: off by default, with the flag in the reason."""
+def test_several_gpus_replay_their_steps_unless_told_not_to(tmp_path):
+    """Several GPUs replay their steps by default; --cuda-graph-several-gpus False runs them op by op, saying so."""
     from bytesplat_ns.step_graph import ineligible
 
     trainer = make_trainer(tmp_path, steps=1)
     trainer.device, trainer.world_size = "cuda:0", 2  # as rank 0 of two GPUs sees itself
-    assert "--cuda-graph-several-gpus True" in ineligible(trainer)
-    trainer.config.cuda_graph_several_gpus = True
-    assert "--cuda-graph-several-gpus True" not in (ineligible(trainer) or "")
+    assert "--cuda-graph-several-gpus" not in (ineligible(trainer) or "")
+    trainer.config.cuda_graph_several_gpus = False
+    assert "--cuda-graph-several-gpus False" in ineligible(trainer)
 
 
 def test_a_cuda_run_says_at_start_why_its_step_runs_op_by_op(tmp_path, capsys):
