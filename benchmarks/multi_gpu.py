@@ -239,7 +239,8 @@ def main() -> None:
         nargs="+",
         default=None,
         metavar="GPUS[:EXCHANGE]",
-        help="only short lego runs without evaluation, e.g. 2:compact 2:dense 1 1x2 (writes OUT/probes.json)",
+        help="only short runs without evaluation (lego; the room with --probe-room), e.g. 2:compact 2:dense 1 1x2 "
+        "(writes OUT/probes.json)",
     )
     parser.add_argument("--probe-room", action="store_true",
                         help="with --probe: the probes train the generated room (--room-dir), not lego")  # fmt: skip
