@@ -11,7 +11,9 @@ and unpacking every rank does whatever the links. For one view's gradients of th
   `--train-room VIEWS` generates the room into `--room-data` and trains that run first (one GPU, seed 43);
 - the exchange's device part recorded as a CUDA graph and replayed, median of `--runs` replays (CUDA events): rows
   all-gathered (bytesplat's plan below 4 GPUs), also told which splats the view culled (the render's radii, as
-  training tells it: the pack skips their rows unread), and routed to owners (from 4);
+  training tells it: the pack skips their rows unread), that also at SH degrees 0, 1 and 2 (the SH coefficients
+  past the degree hold zeros and are neither sent nor written: 14, 23 and 38 of a row's 59 values), and routed to
+  owners (from 4);
 - the pack kernel alone: with nothing held back from earlier steps (the steady state: the residual is not read),
   that and told the view, and with a row held back (after a step whose rows overflowed the capacity: the residual
   is read and rewritten, which every pack did before the held rows were counted); the unpack call alone, zeroing
@@ -63,21 +65,40 @@ def median_us(fn, runs: int, before=None) -> float:
     return 1000 * median_ms(lambda _: fn(), iters=runs, setup=before)
 
 
-def settled(grads: list[torch.Tensor], routed: bool) -> tuple[SparseRowExchange, list[torch.Tensor]]:
+def settled(grads: list[torch.Tensor], routed: bool,
+            columns: list | None = None) -> tuple[SparseRowExchange, list[torch.Tensor]]:  # fmt: skip
     """An exchange whose capacities have adapted to `grads` (a few op-by-op exchanges), and gradients of its own."""
     exchange = SparseRowExchange(kernels=True, lag=1, all_to_all_from=1 if routed else 2)
     work = [g.clone() for g in grads]
     for _ in range(4):
         torch._foreach_copy_(work, grads)
-        exchange.average(work)
+        exchange.average(work, columns=columns)
     return exchange, work
 
 
-def replayed_us(grads: list[torch.Tensor], routed: bool, runs: int, visible: torch.Tensor | None = None) -> float:
+def sh_degree_columns(grads: list[torch.Tensor], degree: int) -> tuple[list[torch.Tensor], list[int | None]]:
+    """`grads` as a render at SH `degree` leaves them (the SH coefficients past it zero), and the values of each row
+    in use (ByteSplatModel.gradient_columns); the SH coefficients' gradient is the one [N, 15, 3]."""
+    columns = [3 * ((degree + 1) ** 2 - 1) if g.dim() == 3 else None for g in grads]
+    cut = [g.clone() for g in grads]
+    for g, c in zip(cut, columns):
+        if c is not None:
+            g.view(g.shape[0], -1)[:, c:] = 0
+    return cut, columns
+
+
+def at_sh_degree(grads: list[torch.Tensor], degree: int, runs: int, visible: torch.Tensor) -> float:
+    """replayed_us, rows all-gathered and told the view, of `grads` as a render at SH `degree` leaves them."""
+    cut, columns = sh_degree_columns(grads, degree)
+    return replayed_us(cut, False, runs, visible, columns)
+
+
+def replayed_us(grads: list[torch.Tensor], routed: bool, runs: int, visible: torch.Tensor | None = None,
+                columns: list | None = None) -> float:  # fmt: skip
     """The exchange's device part recorded as a CUDA graph, as the step graph holds it (told the view's radii
-    `visible`, or not); median replay time."""
-    exchange, work = settled(grads, routed)
-    exchange.begin(work, 0)
+    `visible`, or not; `columns`: the values in use of each gradient's rows); median replay time."""
+    exchange, work = settled(grads, routed, columns)
+    exchange.begin(work, 0, columns)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         exchange.exchange_rows(work, visible=visible)
@@ -203,6 +224,7 @@ def measure_grads(grads: list[torch.Tensor], visible: torch.Tensor, size: tuple[
         "exchange_replayed_us": {
             "all_gather": replayed_us(grads, False, runs),
             "all_gather_told_view": replayed_us(grads, False, runs, visible),
+            **{f"all_gather_told_view_sh{d}": at_sh_degree(grads, d, runs, visible) for d in range(3)},
             "routed": replayed_us(grads, True, runs),
         },
         "pack": pack_us(grads, runs, visible),
@@ -238,19 +260,23 @@ def main() -> None:
     for scene, r in results.items():
         top = ", ".join(f"{k[:40]} {v:.0f}" for k, v in list(r["kernels_us_per_exchange"].items())[:4])
         print(f"{scene}: kernels per exchange (us): {top}")
-    print(f"{'scene':<12} {'touched':>8} {'in view':>8} {'MiB':>5} {'graph ag':>9} {'ag view':>8} {'routed':>7} "
+    print(f"{'scene':<12} {'touched':>8} {'in view':>8} {'MiB':>5} {'graph ag':>9} {'ag view':>8} {'sh0':>6} "
+          f"{'sh1':>6} {'sh2':>6} {'routed':>7} "
           f"{'pack':>6} {'pk view':>8} {'pk held':>8} {'unpack':>7} {'unp 0s':>7} {'copy':>6}")  # fmt: skip
     for scene, r in results.items():
         ex, pack, unpack = r["exchange_replayed_us"], r["pack"], r["unpack_us"]
         print(f"{scene:<12} {100 * r['touched_fraction']:7.1f}% {100 * r['in_view_fraction']:7.1f}% "
-              f"{r['gradient_mib']:5.0f} {ex['all_gather']:9.0f} {ex['all_gather_told_view']:8.0f} {ex['routed']:7.0f} "
+              f"{r['gradient_mib']:5.0f} {ex['all_gather']:9.0f} {ex['all_gather_told_view']:8.0f} "
+              f"{ex['all_gather_told_view_sh0']:6.0f} {ex['all_gather_told_view_sh1']:6.0f} "
+              f"{ex['all_gather_told_view_sh2']:6.0f} {ex['routed']:7.0f} "
               f"{pack['nothing_held_us']:6.0f} {pack['in_view_us']:8.0f} {pack['one_row_held_us']:8.0f} "
               f"{unpack['zeroing_us']:7.0f} {unpack['into_zeros_us']:7.0f} "
               f"{r['copy_of_gradients_us']:6.0f}")  # fmt: skip
     print(
         f"(one rank on {record['device']}; microseconds, median of {args.runs}; graph ag / ag view / routed: the "
-        "exchange's device part replayed from a CUDA graph, rows all-gathered (told the view's radii or not) / "
-        "routed to owners; pk: pack kernel; unp 0s: unpack into gradients a clear pack left zero)"
+        "exchange's device part replayed from a CUDA graph, rows all-gathered (told the view's radii or not; sh0-2: "
+        "told, at SH degree 0-2, only the values in use sent) / routed to owners; pk: pack kernel; unp 0s: unpack "
+        "into gradients a clear pack left zero)"
     )
 
 

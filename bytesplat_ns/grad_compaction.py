@@ -56,7 +56,11 @@ all-gather's time (there the slice is every row; benchmarks/exchange_cost.py). H
 The caller may say which rows can be non-zero: `visible`, the render's screen radii ([N] int32), where a culled
 splat's row (radius 0) holds zeros as long as the loss reaches the splats only through the render. The pack kernel
 then skips those rows unread (a room seen from inside touches a fifth of them); the torch path, which reads every
-row anyway, ignores it.
+row anyway, ignores it. It may also say which columns can be: `columns`, for each gradient the leading values of
+its rows that can be non-zero (ByteSplatModel.gradient_columns: the SH coefficients up to the degree in use). The
+others are neither sent nor written (they hold zeros on every rank), so a row carries D = the values in use: 14 of
+a splat's 59 at SH degree 0, 23 at 1, 38 at 2. The bytes a dense all-reduce would send (`ExchangeStats.dense_bytes`)
+still count every value.
 
 Works with any torch.distributed backend (NCCL on GPUs, gloo on CPUs).
 """
@@ -87,7 +91,8 @@ class ExchangeStats:
     """Compacted: this rank's buffers to the world - 1 peers (capacity + 1 rows each; with owners, also its
     route_capacity + 1 rows to each other owner)."""
     dense_bytes: int
-    """Dense ring all-reduce of the same fp32 gradients: 2 (world - 1) / world of their size."""
+    """Dense ring all-reduce of the same fp32 gradients, every value of them (`columns` or not): 2 (world - 1) /
+    world of their size."""
     notes: list[int]
     """Every rank's `note` of the exchange `lag` exchanges before this one, in rank order (zeros before that)."""
     overflows: int = 0
@@ -165,7 +170,11 @@ class SparseRowExchange:
     _gathered_headers: Tensor | None = None
     """[W, 3] int32 every rank's header row of the last exchange (on the device)."""
     _shape: tuple = (0, 0)
-    """(N, D) of the last exchange's gradients side by side."""
+    """(N, D) of the last exchange's gradients side by side, the values in use (`columns`)."""
+    _columns: list | None = None
+    """The last `begin`'s columns: for each gradient, the leading values of a row that can be non-zero (None: all)."""
+    _all_values: int = 0
+    """The values of a row of the last exchange's gradients, those not in use too (what a dense all-reduce sends)."""
     _sent_bytes: int = 0
     """Bytes this rank sends in the exchange `begin` prepared."""
     _routed: bool = False
@@ -177,16 +186,17 @@ class SparseRowExchange:
         self._headers = LateQueue(self.lag)
 
     def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = (),
-                visible: Tensor | None = None) -> ExchangeStats:  # fmt: skip
+                visible: Tensor | None = None, columns: list[int | None] | None = None) -> ExchangeStats:  # fmt: skip
         """Replace each of `grads` (all [N, ...], same N) in place by its mean over the ranks; `dense` gradients
         (camera optimizer, bilateral grid) take one plain all-reduce; `visible` [N] int32: rows where it is 0 hold
-        zeros (module docstring). `begin`, `exchange_rows` and `end` in turn."""
+        zeros; `columns`: for each of `grads`, the leading values of a row that can be non-zero (None: all; module
+        docstring). `begin`, `exchange_rows` and `end` in turn."""
         parts: dict[str, float] = {}
         laps = PhaseClock(parts)
         if dense:
             all_reduce_mean(list(dense), group=self.group)
             laps.lap("dense all-reduce")
-        self.begin(grads, note)
+        self.begin(grads, note, columns)
         laps.lap("late read")
         self.exchange_rows(grads, laps, visible)
         stats = self.end()
@@ -194,17 +204,19 @@ class SparseRowExchange:
         stats.part_seconds = parts
         return stats
 
-    def begin(self, like: list[Tensor], note: int) -> tuple:
+    def begin(self, like: list[Tensor], note: int, columns: list[int | None] | None = None) -> tuple:
         """The host's part before an exchange of gradients shaped and placed as `like` (the gradients, or their
-        parameters): read the headers of `lag` exchanges back, set the capacities, keep the residual buffers, put
-        `note` in a device tensor, choose compacted rows or a dense all-reduce. -> what the device part bakes in (the
-        step graph, step_graph.py, records `exchange_rows` again when it changes): the capacities, the plan and the
-        buffers' addresses."""
+        parameters), of which `columns` can be non-zero: read the headers of `lag` exchanges back, set the
+        capacities, keep the residual buffers, put `note` in a device tensor, choose compacted rows or a dense
+        all-reduce. -> what the device part bakes in (the step graph, step_graph.py, records `exchange_rows` again
+        when it changes): the values per row, the capacities, the plan and the buffers' addresses."""
         world = dist.get_world_size(self.group)
         self._round = self._read_late_headers(world)
-        num_rows, width = like[0].shape[0], sum(math.prod(t.shape[1:]) for t in like)
-        if (num_rows, width) != self._shape:  # densification renumbered the splats: held rows mean nothing now
-            self._residual = self._held = self._sums = None
+        self._columns = columns
+        self._all_values = sum(math.prod(t.shape[1:]) for t in like)
+        num_rows, width = like[0].shape[0], sum(t.shape[1] for t in leading_values(like, columns))
+        if (num_rows, width) != self._shape:  # densification renumbered the splats, or the SH degree grew: held
+            self._residual = self._held = self._sums = None  # rows mean nothing now
         self._shape = (num_rows, width)
         self._routed = world >= self.all_to_all_from  # 1: one rank routes to itself (what the tests run on 1 GPU)
         limit = self._limit(world)
@@ -227,15 +239,16 @@ class SparseRowExchange:
             self._sent_bytes = ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
         held = [h.values if h is not None else None for h in (self._residual, self._held)]
         addresses = tuple(t.data_ptr() if t is not None else None for t in (*held, self._sums))
-        return self.capacity, self.route_capacity, self._dense, addresses
+        return self._shape, self.capacity, self.route_capacity, self._dense, addresses
 
     def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None,
                       visible: Tensor | None = None) -> None:  # fmt: skip
         """The device's part, no host sync: (route this rank's rows to their owners and sum them there,) pack, all-
         gather every rank's rows, unpack their mean into `grads`; the gathered headers stay on the device for
-        `end`. Uses what `begin` set. `visible`: as in `average`."""
+        `end`. Uses what `begin` set (its `columns` too). `visible`: as in `average`."""
         laps = laps or PhaseClock({})
         world = dist.get_world_size(self.group)
+        grads = leading_values(grads, self._columns)  # [N, D_p] each
         if self._dense:
             self._gathered_headers = self._all_reduce(grads, world)
             laps.lap("all-reduce")
@@ -270,7 +283,7 @@ class SparseRowExchange:
         notes, overflows = self._round
         return ExchangeStats(
             sent_bytes=self._sent_bytes,
-            dense_bytes=ring_all_reduce_bytes(world, num_rows * width),
+            dense_bytes=ring_all_reduce_bytes(world, num_rows * self._all_values),
             notes=notes,
             overflows=overflows,
             dense=self._dense,
@@ -422,6 +435,17 @@ class SparseRowExchange:
         return max(1, min(limit, -(-rows // CAPACITY_GRANULE) * CAPACITY_GRANULE))
 
 
+def leading_values(tensors: list[Tensor], columns: list[int | None] | None) -> list[Tensor]:
+    """[N, c] views of each of `tensors` ([N, ...], contiguous): the first c values of its rows, c from `columns` in
+    the same order (None, or columns None: all of them); a tensor with no value in use is left out."""
+    views = [t.view(t.shape[0], math.prod(t.shape[1:])) for t in tensors]
+    if columns is None:
+        return views
+    if len(columns) != len(tensors):
+        raise ValueError(f"columns names {len(columns)} gradients, the exchange has {len(tensors)}.")
+    return [v[:, :c] if c is not None else v for v, c in zip(views, columns) if c != 0 and v.shape[1] > 0]
+
+
 def _slots(dtype: torch.dtype) -> int:
     """Value slots holding one int32."""
     return 4 // dtype.itemsize
@@ -453,9 +477,9 @@ class DenseExchange:
         self._notes = LateQueue(self.lag)
 
     def average(self, grads: list[Tensor], note: int = 0, dense: list[Tensor] = (),
-                visible: Tensor | None = None) -> ExchangeStats:  # fmt: skip
+                visible: Tensor | None = None, columns: list[int | None] | None = None) -> ExchangeStats:  # fmt: skip
         """Replace each of `grads` and `dense` in place by its mean over the ranks, in one all-reduce (`visible`
-        is not needed: every row is sent)."""
+        and `columns` are not needed: every value is sent)."""
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         notes = [0] * world
         for means, _ in self._notes.pop_ready():  # the means: note / world each

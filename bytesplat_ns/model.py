@@ -294,9 +294,8 @@ class ByteSplatModel(SplatfactoModel):
 
         background = self._get_background_color()
         render_depth = self.config.output_depth_during_training or not self.training
-        sh_degree = min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
         opts = RasterizeOptions(
-            sh_degree=sh_degree if self.config.sh_degree > 0 else None,
+            sh_degree=self.sh_degree_now() if self.config.sh_degree > 0 else None,
             background=background,
             render_depth=render_depth,
             absgrad=self.strategy.absgrad,
@@ -350,6 +349,18 @@ class ByteSplatModel(SplatfactoModel):
         if self.training and self.config.random_background_in_training:
             return torch.rand(3, device=self.device)
         return super()._get_background_color()
+
+    def sh_degree_now(self) -> int:
+        """The SH degree renders use at this step (splatfacto's: one more every sh_degree_interval steps)."""
+        return min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+
+    def gradient_columns(self) -> list[int | None]:
+        """For each of gauss_params, in order: how many leading values of a row of its gradient can be non-zero at
+        this step (None: all of them). The SH coefficients past sh_degree_now() take no gradient (every renderer's SH
+        backward leaves zeros there), so the gradient exchange leaves them out: below degree 3 a splat's row has 14
+        (degree 0), 23 or 38 values that can be non-zero instead of 59."""
+        rest = 3 * (num_sh_bases(self.sh_degree_now()) - 1) if self.config.sh_degree > 0 else None
+        return [rest if name == "features_rest" else None for name in self.gauss_params]
 
     def renderer(self) -> str:
         """The configured renderer, auto resolved for the splats' device."""

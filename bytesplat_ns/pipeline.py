@@ -147,13 +147,17 @@ class ByteSplatPipeline(VanillaPipeline):
         if self.exchanges_screen:
             return self.exchange.average(self._rendered_view(), note=note, dense=self._other_gradients())
         splat_grads, other_grads = self._gradients()
-        return self.exchange.average(splat_grads, note=note, dense=other_grads, visible=visible)
+        columns = self.model.gradient_columns()  # the SH coefficients past the degree in use stay zero: not sent
+        return self.exchange.average(splat_grads, note=note, dense=other_grads, visible=visible, columns=columns)
 
     # The step graph (step_graph.py) records the compacted exchange's device part with the step and runs its host
     # parts around each replay: begin_exchange, (replay: exchange_rows), end_exchange.
     def begin_exchange(self, note: int) -> tuple:
         """-> what the recorded exchange bakes in (SparseRowExchange.begin, ScreenExchange.begin)."""
-        return self.exchange.begin(list(self.model.gauss_params.values()), note)
+        params = list(self.model.gauss_params.values())
+        if self.exchanges_screen:
+            return self.exchange.begin(params, note)
+        return self.exchange.begin(params, note, self.model.gradient_columns())
 
     def exchange_rows(self, visible: torch.Tensor | None = None) -> None:
         if self.exchanges_screen:

@@ -256,7 +256,6 @@ class StepGraph:
         model = self.model
         if not model.uses_fused_loss(batch):
             return None
-        cfg = model.config
         tensors = []
         for optimizer in self.optimizers.optimizers.values():
             for param in self._group_params(optimizer):
@@ -268,7 +267,7 @@ class StepGraph:
         # follows from the render's size alone, which the downscale factor and the camera's size below fix.
         return (
             tuple((t.data_ptr(), tuple(t.shape)) if t is not None else None for t in tensors),
-            min(model.step // cfg.sh_degree_interval, cfg.sh_degree),
+            model.sh_degree_now(),
             model._get_downscale_factor(),
             model.step < model.strategy.refine_stop_iter,
             tuple(image.shape), image.dtype, camera.metadata.get("size"),

@@ -11,11 +11,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bytesplat_ns.datamanager import camera_shard, epoch_order, matched_epoch_order
-from bytesplat_ns.grad_compaction import DenseExchange, SparseRowExchange, all_reduce_mean
+from bytesplat_ns.grad_compaction import DenseExchange, SparseRowExchange, all_reduce_mean, ring_all_reduce_bytes
 
 ROWS = 5000
 SHAPES = [(3,), (15, 3), (1,), (4,)]  # means, features_rest, opacities, quats
 WIDTH = sum(math.prod(shape) for shape in SHAPES)  # values per row, side by side
+SH_DEGREE_1 = [None, 9, None, None]
+"""The values in use of each of SHAPES' rows at SH degree 1 (ByteSplatModel.gradient_columns): the first 3 of the 15
+SH coefficients; the others hold zeros."""
 REL_TOL_FP32 = 1e-6
 REL_TOL_FP16 = 2e-3
 STEPS = ["sparse", "sparse", "one_rank_sees_nothing", "sparse", "sparse", "dense"] + ["sparse"] * 4 + ["none"] * 4
@@ -36,6 +39,14 @@ def make_grad(case: str, rank: int, step: int, shape: tuple[int, ...]) -> torch.
     return grad
 
 
+def zero_past(grad: torch.Tensor, columns: int | None) -> torch.Tensor:
+    """`grad` with the values of each row past the first `columns` set to zero (as the SH coefficients past the
+    degree in use are)."""
+    if columns is not None:
+        grad.view(ROWS, -1)[:, columns:] = 0
+    return grad
+
+
 def in_view(grads: list[torch.Tensor], rank: int, step: int) -> torch.Tensor:
     """[ROWS] int32 screen radii as a render would give them: non-zero on every touched row and on some others."""
     touched = torch.cat([g.reshape(ROWS, -1) for g in grads], 1).ne(0).any(1)
@@ -53,8 +64,8 @@ class _ReplayedExchange:
     bakes in changes (the capacity, the residual buffer, compacted rows or the dense all-reduce). The graph reads and
     writes gradients of its own."""
 
-    def __init__(self, exchange: SparseRowExchange, like: list[torch.Tensor]) -> None:
-        self.exchange = exchange
+    def __init__(self, exchange: SparseRowExchange, like: list[torch.Tensor], columns: list | None = None) -> None:
+        self.exchange, self.columns = exchange, columns
         self.grads = [torch.zeros_like(g) for g in like]
         self.visible = torch.zeros(ROWS, dtype=torch.int32, device=like[0].device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -65,7 +76,7 @@ class _ReplayedExchange:
         for mine, grad in zip(self.grads, grads):
             mine.copy_(grad)
         self.visible.copy_(visible)
-        key = self.exchange.begin(self.grads, note)
+        key = self.exchange.begin(self.grads, note, self.columns)
         if key != self.key:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
@@ -78,10 +89,11 @@ class _ReplayedExchange:
 
 
 def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_from: int, backend: str = "gloo",
-            graph: bool = False) -> None:  # fmt: skip
+            graph: bool = False, columns: list | None = None) -> None:  # fmt: skip
     """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels (with
     `graph`, their device part replayed from a CUDA graph); gloo-cuda: every rank on GPU 0 (gloo moves the buffers
-    through the host), the exchange kernels. Rows routed to owners from `route_from` ranks on."""
+    through the host), the exchange kernels. Rows routed to owners from `route_from` ranks on. `columns`: the values
+    in use of each gradient's rows (the others zero, not sent)."""
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
@@ -95,19 +107,24 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
     replayed = None
     try:
         exchange = SparseRowExchange(half=half, lag=lag, kernels=device.type == "cuda", all_to_all_from=route_from)
-        replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES])
+        replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES], columns)
+        width = sum(math.prod(shape) if c is None else c for shape, c in zip(SHAPES, columns or [None] * len(SHAPES)))
         plain_exchange = DenseExchange(lag=lag)
         sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         sum_want = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         dense_at = STEPS.index("dense")
         plans = set()  # whether each exchange went dense
         for step, case in enumerate(STEPS):
-            grads = [make_grad(case, rank, step, shape).to(device) for shape in SHAPES]
+            grads = [zero_past(make_grad(case, rank, step, shape), c).to(device)
+                     for shape, c in zip(SHAPES, columns or [None] * len(SHAPES))]  # fmt: skip
             want = [g.clone() for g in grads]
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
             visible = in_view(grads, rank, step)  # the pack kernel leaves the other rows unread
-            stats = (replayed if graph else exchange).average(got, note=10 * step + rank, visible=visible)
+            if graph:
+                stats = replayed.average(got, note=10 * step + rank, visible=visible)
+            else:
+                stats = exchange.average(got, note=10 * step + rank, visible=visible, columns=columns)
             late = step - lag  # the exchange whose headers this one reads
             assert stats.notes == ([10 * late + r for r in range(world)] if late >= 0 else [0] * world)
             if late <= dense_at:  # the dense step overflowed the capacity: reported when its headers are read
@@ -122,8 +139,9 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
             value_bytes = 2 if half else 4
             assert (exchange.route_capacity > 0) == routed
             rows = exchange.capacity + 1 + (exchange.route_capacity + 1 if routed else 0)  # to each peer
-            compacted = (world - 1) * rows * (4 // value_bytes + WIDTH) * value_bytes
-            assert stats.dense == (compacted > stats.dense_bytes), (step, stats)
+            compacted = (world - 1) * rows * (4 // value_bytes + width) * value_bytes  # the values in use only
+            assert stats.dense_bytes == ring_all_reduce_bytes(world, ROWS * WIDTH)  # every value
+            assert stats.dense == (compacted > ring_all_reduce_bytes(world, ROWS * width)), (step, stats)
             assert stats.sent_bytes <= (stats.dense_bytes if not stats.dense else stats.dense_bytes + 24 * world)
             if lag <= step < dense_at and not half and world == 2:  # capacity from the sparse steps: 2048 of 5000
                 assert not stats.dense and stats.sent_bytes < stats.dense_bytes, stats
@@ -168,6 +186,14 @@ def test_half_precision_values(tmp_path, route_from):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), True, 4, route_from), nprocs=2, join=True)
 
 
+@pytest.mark.parametrize("world, route_from", [(2, 99), (3, 3)], ids=["all-gather", "routed"])
+def test_only_the_values_in_use_travel(tmp_path, world, route_from):
+    """At SH degree 1 a row's SH coefficients past the third hold zeros: the exchange sends the 17 values in use
+    of the 59 and still gives the dense all-reduce's mean (the bytes a dense all-reduce would send count all 59)."""
+    args = (world, str(tmp_path / "init"), False, 1, route_from, "gloo", False, SH_DEGREE_1)
+    mp.spawn(_worker, args=args, nprocs=world, join=True)
+
+
 @pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.two_gpus)])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("graph", [False, True], ids=["op-by-op", "graph"])
@@ -175,19 +201,22 @@ def test_half_precision_values(tmp_path, route_from):
 def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half, graph, route_from):
     """The same steps with the exchange kernels (pack, NCCL all-gather, unpack; routed: pack per owner, NCCL
     all-to-all, sum, then the same) on 1 or 2 GPUs, run op by op or replayed from a CUDA graph as the step graph
-    does."""
+    does; replayed, with the values in use at SH degree 1 only."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPU(s) (NCCL and the exchange kernels)")
-    args = (world, str(tmp_path / "init"), half, 4, route_from, "nccl", graph)
+    args = (world, str(tmp_path / "init"), half, 4, route_from, "nccl", graph, SH_DEGREE_1 if graph else None)
     mp.spawn(_worker, args=args, nprocs=world, join=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("columns", [None, SH_DEGREE_1], ids=["all-values", "sh-degree-1"])
 @pytest.mark.parametrize("world, route_from, half", [(2, 2, False), (3, 3, False), (3, 3, True), (3, 99, False)])
-def test_exchange_kernels_with_ranks_sharing_one_gpu(tmp_path, world, route_from, half):
+def test_exchange_kernels_with_ranks_sharing_one_gpu(tmp_path, world, route_from, half, columns):
     """The exchange kernels with 2 and 3 ranks (over gloo, on one GPU): rows routed to owners, whose slices name
-    row j as row j W + rank, or all-gathered; against the dense all-reduce."""
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), half, 1, route_from, "gloo-cuda"), nprocs=world, join=True)
+    row j as row j W + rank, or all-gathered; every value of a row, or those in use at SH degree 1; against the
+    dense all-reduce."""
+    args = (world, str(tmp_path / "init"), half, 1, route_from, "gloo-cuda", False, columns)
+    mp.spawn(_worker, args=args, nprocs=world, join=True)
 
 
 @pytest.mark.parametrize(
@@ -322,6 +351,53 @@ def test_pack_kernel_rows_of_any_width(widths):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("share", [None, 0.05, 0.9])  # every row read; rows in view listed and read alone; most
+def test_kernels_read_and_write_only_the_values_in_use(half, share):
+    """Gradients given as views of each row's leading values (the SH coefficients up to the degree in use): the
+    pack sends exactly those values and clears them, the unpack writes them alone; the values past them (NaN
+    here) are never read nor written."""
+    from bytesplat_ns.cuda import ops
+    from bytesplat_ns.grad_compaction import leading_values
+
+    device, tolerance = torch.device("cuda"), REL_TOL_FP16 if half else REL_TOL_FP32
+    slots = 2 if half else 1
+    ranks, buffers, sent = [], [], []
+    for rank in range(2):
+        grads = [zero_past(make_grad("sparse", rank, 0, shape), c).to(device) for shape, c in zip(SHAPES, SH_DEGREE_1)]
+        grads[1].view(ROWS, -1)[:, SH_DEGREE_1[1] :] = float("nan")  # past the values in use
+        views = leading_values(grads, SH_DEGREE_1)  # [N, 3], [N, 9] of [N, 45], [N, 1], [N, 4]
+        flat = torch.cat(views, 1)  # [N, 17]
+        visible = None if share is None else in_view(views, rank, 0)
+        if share is not None:  # the rows out of view are zeros; keep `share` of them listed
+            keep = torch.rand(ROWS, generator=torch.Generator().manual_seed(rank)) < share
+            visible = visible * (keep.to(device) | flat.ne(0).any(1)).int()
+        buffer = ops.pack_rows(views, ROWS, note=rank, half=half, visible=visible, clear=True)
+        assert buffer.shape == (1, ROWS + 1, slots + 17)
+        count = int(buffer[0, 0, :slots].clone().view(torch.int32))
+        names = buffer[0, 1 : 1 + count, :slots].clone().view(torch.int32).view(-1).long()
+        got = torch.zeros_like(flat)
+        got[names] = buffer[0, 1 : 1 + count, slots:].float()
+        assert count == int(flat.ne(0).any(1).sum())
+        assert float((got - flat).norm() / flat.norm()) <= tolerance
+        assert all(bool(v.eq(0).all()) for v in views)  # cleared
+        assert bool(grads[1].view(ROWS, -1)[:, SH_DEGREE_1[1] :].isnan().all())  # untouched
+        ranks.append(grads)
+        buffers.append(buffer)
+        sent.append(flat)
+    out = [torch.full_like(g, float("nan")) for g in ranks[0]]
+    for zeroed in (False, True):  # zeroed: the caller's word that the values in use hold zeros already
+        views = leading_values(out, SH_DEGREE_1)
+        if zeroed:
+            for v in views:
+                v.zero_()
+        ops.unpack_rows(views, torch.cat(buffers), ROWS, 0.5, zeroed=zeroed)
+        want = (sent[0] + sent[1]) / 2
+        assert float((torch.cat(views, 1) - want).norm() / want.norm()) <= tolerance
+        assert bool(out[1].view(ROWS, -1)[:, SH_DEGREE_1[1] :].isnan().all())  # never written
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
 @pytest.mark.parametrize("share", [0.05, 0.9])  # rows in view: listed and read alone, or every row read
 @pytest.mark.parametrize("held", [False, True])
 @pytest.mark.parametrize("capacity", [ROWS, 60])  # all fit; fewer than the touched rows (the rest held back)
@@ -378,16 +454,7 @@ def test_the_rows_the_exchange_skips_hold_zeros(tmp_path, renderer):
     on the fused loss path with the fused renderer, through autograd with the others), every gradient row of a
     splat the render culled (radius 0) is zero; with scale regularisation, a loss term off the render, it gives
     none."""
-    from tests.trainer_setup import cpu_config, small_scene
-
-    if renderer != "torch" and not torch.cuda.is_available():
-        pytest.skip(f"the {renderer} renderer needs a CUDA GPU")
-    config = cpu_config(small_scene(tmp_path), tmp_path / "out", 1, renderer)
-    config.machine.device_type = "cpu" if renderer == "torch" else "cuda"
-    config.pipeline.model.renderer = renderer
-    trainer = config.setup(local_rank=0, world_size=1)
-    trainer.setup()
-    trainer.train()  # one step: the training callbacks hand the model its optimizers
+    trainer = _trained_one_step(tmp_path, renderer)
     model = trainer.pipeline.model
     model.step = 10 * model.config.sh_degree_interval * model.config.sh_degree  # every SH band
     for param in model.gauss_params.values():
@@ -405,6 +472,42 @@ def test_the_rows_the_exchange_skips_hold_zeros(tmp_path, renderer):
     assert bool(model.gauss_params["means"].grad[~culled].ne(0).any())
     model.config.use_scale_regularization = True
     assert model.visible_radii() is None
+
+
+@pytest.mark.parametrize("renderer", ["torch", "fused", "gsplat"])
+def test_the_columns_the_exchange_skips_hold_zeros(tmp_path, renderer):
+    """model.gradient_columns, which the exchange takes as its word: after a training step's backward at SH degree
+    0, 1 and 2, the SH coefficients past the degree have zero gradients, and those up to it do not."""
+    trainer = _trained_one_step(tmp_path, renderer)
+    model = trainer.pipeline.model
+    for degree in range(model.config.sh_degree):
+        model.step = degree * model.config.sh_degree_interval
+        for param in model.gauss_params.values():
+            param.grad = None
+        _, loss_dict, _ = trainer.pipeline.train_loss_dict(*trainer.pipeline.datamanager.next_train(0))
+        sum(loss_dict.values()).backward()
+        columns = dict(zip(model.gauss_params, model.gradient_columns()))
+        assert columns["features_rest"] == 3 * ((degree + 1) ** 2 - 1)
+        assert [c for name, c in columns.items() if name != "features_rest"] == [None] * 5
+        rest = model.features_rest.grad.view(model.num_points, -1)  # [N, 45]
+        assert bool(rest[:, columns["features_rest"] :].eq(0).all()), degree
+        assert degree == 0 or bool(rest[:, : columns["features_rest"]].ne(0).any()), degree
+
+
+def _trained_one_step(tmp_path, renderer: str):
+    """A trainer of the small scene on `renderer` after one step (the training callbacks hand the model its
+    optimizers)."""
+    from tests.trainer_setup import cpu_config, small_scene
+
+    if renderer != "torch" and not torch.cuda.is_available():
+        pytest.skip(f"the {renderer} renderer needs a CUDA GPU")
+    config = cpu_config(small_scene(tmp_path), tmp_path / "out", 1, renderer)
+    config.machine.device_type = "cpu" if renderer == "torch" else "cuda"
+    config.pipeline.model.renderer = renderer
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    trainer.train()
+    return trainer
 
 
 def test_missing_exchange_kernels_fail_at_start_naming_both_fixes(monkeypatch):

@@ -6,7 +6,8 @@
 namespace bytesplat {
 namespace {
 
-// Checks the gradients (float32, contiguous, one device, one N) and points at them as [N, width] parts.
+// Checks the gradients (float32, one device, one N; contiguous, or [N, w] views of each row's first w values) and
+// points at them as [N, width] parts.
 RowParts row_parts(const std::vector<at::Tensor>& grads) {
   BYTESPLAT_CHECK(!grads.empty() && grads.size() <= static_cast<size_t>(kMaxParts), "between 1 and ", kMaxParts,
               " gradients, got ", grads.size());
@@ -15,11 +16,15 @@ RowParts row_parts(const std::vector<at::Tensor>& grads) {
   parts.parts = static_cast<int>(grads.size());
   for (size_t q = 0; q < grads.size(); ++q) {
     const at::Tensor& g = grads[q];
-    BYTESPLAT_CHECK_INPUT(g, at::kFloat);
+    BYTESPLAT_CHECK(g.is_cuda() && g.scalar_type() == at::kFloat, "every gradient must be a float32 CUDA tensor");
     BYTESPLAT_CHECK(g.dim() >= 1 && g.size(0) == parts.rows, "every gradient must have ", parts.rows, " rows");
     BYTESPLAT_CHECK(g.device() == grads[0].device(), "every gradient must be on ", grads[0].device());
+    const bool leading = !g.is_contiguous() && g.dim() == 2 && g.stride(1) == 1 && g.stride(0) >= g.size(1);
+    BYTESPLAT_CHECK(g.is_contiguous() || leading, "every gradient must be contiguous, or an [N, w] view of each ",
+                    "row's first w values (row stride >= w, column stride 1)");
     parts.ptr[q] = g.data_ptr<float>();
     parts.width[q] = static_cast<int>(parts.rows > 0 ? g.numel() / parts.rows : 0);
+    parts.stride[q] = leading ? g.stride(0) : parts.width[q];
     parts.values += parts.width[q];
   }
   return parts;
@@ -115,9 +120,13 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   check_header_fits(parts.values, half);
   BYTESPLAT_CHECK(index_divisor >= 1 && index_divisor < (int64_t{1} << 31), "index_divisor must be a positive int32");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  for (const at::Tensor& g : grads) {
+  for (at::Tensor g : grads) {
     if (zeroed) break;  // a `clear` pack left them zero
-    BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
+    if (g.is_contiguous()) {
+      BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
+    } else {
+      g.zero_();  // a view of each row's leading values: those alone
+    }
   }
   const int64_t rank_bytes = (capacity + 1) * width * gathered.element_size();
   const char* base = static_cast<const char*>(gathered.data_ptr());

@@ -58,7 +58,7 @@ __device__ __forceinline__ Column find_column(const RowParts& g, int col) {
 // Value `col` of gradient row `row`.
 __device__ __forceinline__ float* value_ptr(const RowParts& g, int64_t row, int col) {
   const Column c = find_column(g, col);
-  return g.ptr[c.part] + row * g.width[c.part] + c.within;
+  return g.ptr[c.part] + row * g.stride[c.part] + c.within;
 }
 
 template <bool kHalf>
@@ -115,11 +115,12 @@ __device__ __forceinline__ int tile_place(const RowParts& g, int tile_rows, int 
 }
 
 // A lane's values of a tile row: columns lane, lane + 32, ...; the first kLaneColumns of them have their place in
-// the tile and in the gradients worked out once, in registers (start[j] + r * width[j], grad[j] + row * width[j]).
+// the tile and in the gradients worked out once, in registers (start[j] + r * width[j], grad[j] + row * stride[j]).
 struct LaneColumns {
   int lane;
   int start[kLaneColumns];  // -1: past D
   int width[kLaneColumns];
+  int64_t stride[kLaneColumns];
   float* grad[kLaneColumns];  // the part's value of row 0 at this column
 
   __device__ LaneColumns(const RowParts& g, int tile_rows) : lane(static_cast<int>(threadIdx.x) & 31) {
@@ -129,6 +130,7 @@ struct LaneColumns {
       const Column c = find_column(g, col < g.values ? col : 0);
       start[j] = col < g.values ? tile_rows * c.before + c.within : -1;
       width[j] = g.width[c.part];
+      stride[j] = g.stride[c.part];
       grad[j] = g.ptr[c.part] + c.within;
     }
   }
@@ -139,7 +141,7 @@ struct LaneColumns {
   __device__ __forceinline__ void each(const RowParts& g, int tile_rows, int r, int64_t row, F&& f) const {
 #pragma unroll
     for (int j = 0; j < kLaneColumns; ++j) {
-      if (start[j] >= 0) f(lane + 32 * j, start[j] + r * width[j], grad[j] + row * width[j]);
+      if (start[j] >= 0) f(lane + 32 * j, start[j] + r * width[j], grad[j] + row * stride[j]);
     }
     for (int col = lane + 32 * kLaneColumns; col < g.values; col += 32) {
       f(col, tile_place(g, tile_rows, r, col), value_ptr(g, row, col));
@@ -168,7 +170,8 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
     const int n = static_cast<int>(min(static_cast<int64_t>(tile_rows), entries - first));
     const auto row_of = [&](int r) -> int64_t { return listed ? static_cast<int64_t>(row_at[r]) : first + r; };
     // 1. The tile's values: part q's n rows are one contiguous range of n x width values, copied as they are
-    //    (four at a time where both sides are 16-byte aligned); or the listed rows, a warp each.
+    //    (four at a time where both sides are 16-byte aligned; a part that is a view of each row's leading values
+    //    one value at a time); or the listed rows, a warp each.
     if (listed) {
       if (static_cast<int>(threadIdx.x) < n) row_at[threadIdx.x] = p.listed[first + threadIdx.x];
       __syncthreads();
@@ -178,8 +181,13 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
     } else {
       for (int q = 0, offset = 0; q < p.grads.parts; offset += p.grads.width[q], ++q) {
         const int w = p.grads.width[q], count = n * w;
-        const float* src = p.grads.ptr[q] + first * w;
+        const int64_t stride = p.grads.stride[q];
+        const float* src = p.grads.ptr[q] + first * stride;
         float* dst = tile + tile_rows * offset;
+        if (stride != w) {
+          for (int i = threadIdx.x; i < count; i += kThreads) dst[i] = src[(i / w) * stride + i % w];
+          continue;
+        }
         int copied = 0;
         if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
           const float4* src4 = reinterpret_cast<const float4*>(src);
@@ -256,8 +264,8 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
 // Where a lane's first kLaneColumns values of any gradient row are (columns lane, lane + 32, ...): worked out
 // once, in registers, instead of walking the parts for every value.
 struct LaneValues {
-  float* ptr[kLaneColumns];  // the part's values of row 0 at this column; nullptr past D
-  int width[kLaneColumns];   // the part's width: row r's value is at ptr + r * width
+  float* ptr[kLaneColumns];      // the part's values of row 0 at this column; nullptr past D
+  int64_t stride[kLaneColumns];  // the part's row stride: row r's value is at ptr + r * stride
 
   __device__ explicit LaneValues(const RowParts& g) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -266,7 +274,7 @@ struct LaneValues {
       const int col = lane + 32 * j;
       const Column c = find_column(g, col < g.values ? col : 0);
       ptr[j] = col < g.values ? g.ptr[c.part] + c.within : nullptr;
-      width[j] = g.width[c.part];
+      stride[j] = g.stride[c.part];
     }
   }
 };
@@ -294,11 +302,11 @@ __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) 
     }
 #pragma unroll
     for (int j = 0; j < kLaneColumns; ++j) {
-      had[j] = values.ptr[j] != nullptr && !p.first ? values.ptr[j][row * values.width[j]] : 0.f;
+      had[j] = values.ptr[j] != nullptr && !p.first ? values.ptr[j][row * values.stride[j]] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kLaneColumns; ++j) {
-      if (values.ptr[j] != nullptr) values.ptr[j][row * values.width[j]] = had[j] + add[j];
+      if (values.ptr[j] != nullptr) values.ptr[j][row * values.stride[j]] = had[j] + add[j];
     }
     for (int col = lane + 32 * kLaneColumns; col < d; col += 32) {  // rows wider than the registers hold
       float* at = value_ptr(p.grads, row, col);

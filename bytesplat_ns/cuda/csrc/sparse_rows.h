@@ -1,7 +1,8 @@
 // Rows of the compacted gradient exchange (grad_compaction.py), packed in one launch, unpacked in one per rank.
 //
 // A gradient row is a splat's values of every parameter side by side: up to kMaxParts gradients [N, width_p],
-// D = sum of the widths. A buffer is [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2):
+// D = sum of the widths; a part may be a view of each row's leading values (a row stride above its width: the SH
+// coefficients up to the degree in use, the rest holding zeros that need not travel). A buffer is [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2):
 // row 0 is the header, kHeaderInts int32s (the row count: every touched row, sent or not; a note; a third value
 // the caller may set, zero here), each in `slots` slots; then one row per sent splat, its index as an int32 in
 // the first slots (two halves, low first, for float16) and its D values.
@@ -44,8 +45,9 @@ constexpr int kMaxOwners = 256;  // the pack kernel's first block writes every o
 constexpr int kPackTileBytes = 32 * 1024;  // shared memory for one pack block's tile of rows
 
 struct RowParts {
-  float* ptr[kMaxParts];  // [N, width[p]] each, contiguous
+  float* ptr[kMaxParts];  // [N, width[p]] each, row r at ptr + r * stride[p]
   int width[kMaxParts];
+  int64_t stride[kMaxParts];  // values from one row's start to the next's: width[p] where contiguous
   int parts;
   int64_t rows;  // N
   int values;    // D
@@ -94,7 +96,9 @@ cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream);
 namespace bytesplat {
 
 // -> buffers [owners, capacity + 1, slots + D] (float32, or float16 with `half`).
-at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // each [N, ...] float32 (zeroed with clear)
+// Gradients: each [N, ...] float32 contiguous, or [N, w] with its columns next to each other (a view of every row's
+// first w values).
+at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // read (zeroed with clear)
                      const c10::optional<at::Tensor>& residual,       // [N, D] float32, read and written
                      const c10::optional<at::Tensor>& residual_rows,  // [1] int32, read and written
                      const c10::optional<at::Tensor>& visible,        // [N] int32
