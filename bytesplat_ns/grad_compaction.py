@@ -213,8 +213,10 @@ class SparseRowExchange:
         world = dist.get_world_size(self.group)
         self._round = self._read_late_headers(world)
         self._columns = columns
-        self._all_values = sum(math.prod(t.shape[1:]) for t in like)
-        num_rows, width = like[0].shape[0], sum(t.shape[1] for t in leading_values(like, columns))
+        values = [math.prod(t.shape[1:]) for t in like]  # a row's, of each
+        self._all_values = sum(values)
+        in_use = values if columns is None else [v if c is None else min(v, c) for v, c in zip(values, columns)]
+        num_rows, width = like[0].shape[0], sum(in_use)
         if (num_rows, width) != self._shape:  # densification renumbered the splats, or the SH degree grew: held
             self._residual = self._held = self._sums = None  # rows mean nothing now
         self._shape = (num_rows, width)
