@@ -81,10 +81,12 @@ class TrainJob:
 
 
 def start_run(scene: TrainScene, views: int, gpus: int, out: Path, name: str, exchange: str = "compact",
-              profile_steps: int = 0, extra: list[str] = (), env: dict | None = None) -> TrainJob:  # fmt: skip
-    """Start `ns-train bytesplat` on `scene` in the background."""
+              profile_steps: int = 0, extra: list[str] = (), env: dict | None = None,
+              launcher: tuple[str, ...] = ()) -> TrainJob:  # fmt: skip
+    """Start `ns-train bytesplat` on `scene` in the background (behind `launcher`: a script that runs ns-train's
+    arguments itself, e.g. lone_rank.py's)."""
     cmd = [
-        "ns-train", "bytesplat", "--data", str(scene.data), "--max-num-iterations", str(views),
+        *launcher, "ns-train", "bytesplat", "--data", str(scene.data), "--max-num-iterations", str(views),
         "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", scene.name,
         "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
