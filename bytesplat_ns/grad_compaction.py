@@ -29,9 +29,11 @@ once (spread over the owners) and each owner its slice of their union once, wher
 rows to each of the W - 1 others. The owners' header rows carry the largest count they received in the third
 value, so the capacities of both rounds come from the gathered headers.
 
-The capacities are the same on every rank (they come from the gathered counts): the largest count of the last
-`window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W rounded up for an owner's),
-times `headroom`, rounded up to 1024 rows; every row until the first counts are read. A rank with more non-zero
+The capacities are the same on every rank (they come from the gathered counts and the capacities before them):
+the largest count of the last `window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W
+rounded up for an owner's), times `headroom`, rounded up to a rung (capacity_rungs.py: multiples of 1024 rows about
+9% apart), kept while that falls within `keep_above` of the capacity in use (the step graph records the exchange
+again when a capacity changes); every row until the first counts are read. A rank with more non-zero
 rows than a buffer's capacity (its view saw far more than the recent ones) sends `capacity` of them and keeps the
 rest as a residual, added to its next gradient: sent a step late, not lost, and the capacity grows once that
 exchange's counts are read (`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit.
@@ -75,12 +77,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from bytesplat_ns.capacity_rungs import rung_above
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.late_read import STEPS_LATE, LateQueue
 from bytesplat_ns.phase_clock import PhaseClock
 
 CAPACITY_GRANULE = 1024
-"""Capacities are multiples of this many rows (fewer distinct buffer sizes for the allocator)."""
+"""Capacities are rungs of this many rows and more (capacity_rungs.py)."""
 
 
 @dataclass
@@ -136,6 +139,9 @@ class SparseRowExchange:
     headroom: float = 1.25
     """Capacity = this times the largest count seen in the last `window` exchanges."""
     window: int = 100
+    keep_above: float = 0.9
+    """A capacity in use is kept while the one the counts ask for lies between this fraction of it and it: the few
+    percent a view's count drifts do not change it (and make the step graph record again)."""
     lag: int = STEPS_LATE
     """Exchanges between sending the headers and reading them on the host."""
     kernels: bool = False
@@ -222,8 +228,10 @@ class SparseRowExchange:
         self._shape = (num_rows, width)
         self._routed = world >= self.all_to_all_from  # 1: one rank routes to itself (what the tests run on 1 GPU)
         limit = self._limit(world)
-        self.capacity = self._next_capacity(self._fractions, limit)
-        self.route_capacity = self._next_capacity(self._route_fractions, limit) if self._routed else 0
+        self.capacity = self._next_capacity(self._fractions, limit, self.capacity)
+        self.route_capacity = (
+            self._next_capacity(self._route_fractions, limit, self.route_capacity) if self._routed else 0
+        )
         device = like[0].device
         if self._residual is None and (self.route_capacity if self._routed else self.capacity) < limit:
             self._residual = HeldRows.none(num_rows, width, device)
@@ -429,12 +437,14 @@ class SparseRowExchange:
                 _remember(self._route_fractions, max(received) / max(1, limit), self.window)
         return notes, overflows
 
-    def _next_capacity(self, fractions: deque, limit: int) -> int:
-        """Rows for a buffer that could need `limit`: every row until counts are read."""
+    def _next_capacity(self, fractions: deque, limit: int, current: int) -> int:
+        """Rows for a buffer that could need `limit`, `current` in use: every row until counts are read."""
         if not fractions:
             return limit
         rows = math.ceil(limit * min(1.0, max(fractions) * self.headroom))
-        return max(1, min(limit, -(-rows // CAPACITY_GRANULE) * CAPACITY_GRANULE))
+        if self.keep_above * current <= rows <= current <= limit:
+            return current
+        return max(1, min(limit, rung_above(rows, CAPACITY_GRANULE)))
 
 
 def leading_values(tensors: list[Tensor], columns: list[int | None] | None) -> list[Tensor]:

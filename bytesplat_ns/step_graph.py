@@ -13,7 +13,8 @@ A graph bakes in tensor addresses, shapes and Python decisions, so it is recorde
   non-finite restore: new tensors), the SH degree, the resolution (splatfacto's downscale schedule; it also fixes
   the fused kernels' tile side), the image's shape, whether densification statistics are still gathered (step <
   refine_stop_iter);
-- the binning asks for more entries than the graph's buffers hold.
+- the binning asks for more entries than the graph's buffers hold (their capacity is recorded rounded up to a rung,
+  capacity_rungs.py, so the few percent a view's entry count drifts do not record it again).
 The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
 takes another loss path (masks), and the first step of any new configuration (lazy set-up of libraries on a
 shape's first use cannot happen inside a recording). The next step records the graph and replays it.
@@ -54,6 +55,7 @@ import torch
 from torch import Tensor
 
 from bytesplat_ns.camera_matrices import INTRINSICS, VIEWMAT, CameraStack
+from bytesplat_ns.capacity_rungs import rung_above
 from bytesplat_ns.datamanager import ByteSplatDatamanager
 from bytesplat_ns.grad_compaction import SparseRowExchange
 from bytesplat_ns.screen_exchange import ScreenExchange
@@ -178,7 +180,7 @@ class StepGraph:
         wanted = bins.next(self.model.num_points, bins.tile_size)  # the side of the step before: same resolution
         exchange_key = self.pipeline.begin_exchange(note) if note is not None else None
         if key != self.key or exchange_key != self.exchange_key or wanted > self.bins.capacity:
-            self._record(key, camera, batch, wanted)
+            self._record(key, camera, batch, rung_above(wanted, bins.granule))
             self.exchange_key = exchange_key
         self.inputs.load(camera, batch)
         self.step.fill_(step)
