@@ -1,12 +1,13 @@
 """Buffer capacities on a ladder of rungs, so that a recorded step graph outlives small changes of what it needs.
 
 The step graph (step_graph.py) bakes in the binning's entry capacity and the gradient exchange's row capacities,
-and is recorded again when one changes; a recording costs some 7-10 ms of host and GPU time, a replayed step 0.5-5
-ms. Both capacities follow counts that drift a little from step to step (a view's tile entries, the rows it
-touched, as training goes on): rounded up to a fine granule only, they changed every few steps on the 2M-splat
-room (2 GPUs: 101 recordings in 1000 steps, 10% of the run's time; benchmarks/RESULTS.md, thirty-ninth session).
-On rungs RUNGS_PER_DOUBLING to a doubling (each about 9% above the one below), a capacity moves only when what it
-must hold crosses a rung, at a cost of at most one rung of unused room.
+and is recorded again when one changes; a recording costs some 7 ms of host time, a replayed lego step 0.5 ms.
+Both capacities follow counts that drift a little from view to view (a view's tile entries, the rows it touched,
+as training goes on): rounded up to a fine granule only, they changed every few steps (2M-splat room, 2 GPUs: 101
+recordings in 1000 steps; lego as rank 0 of two, benchmarks/lone_rank.py: 112 in 3500 steps, 96 on rungs, and its
+host-bound steps 1.44 -> 1.16 ms; benchmarks/RESULTS.md, thirty-ninth session). On rungs RUNGS_PER_DOUBLING to a
+doubling (each about 9% above the one below), a capacity moves only when what it must hold crosses a rung, at a cost
+of at most one rung of unused room.
 """
 
 from __future__ import annotations

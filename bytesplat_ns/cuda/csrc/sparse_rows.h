@@ -2,8 +2,8 @@
 //
 // A gradient row is a splat's values of every parameter side by side: up to kMaxParts gradients [N, width_p],
 // D = sum of the widths; a part may be a view of each row's leading values (a row stride above its width: the SH
-// coefficients up to the degree in use, the rest holding zeros that need not travel). A buffer is [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2):
-// row 0 is the header, kHeaderInts int32s (the row count: every touched row, sent or not; a note; a third value
+// coefficients up to the degree in use, the rest holding zeros that need not travel). A buffer is
+// [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2): row 0 is the header, kHeaderInts int32s (the row count: every touched row, sent or not; a note; a third value
 // the caller may set, zero here), each in `slots` slots; then one row per sent splat, its index as an int32 in
 // the first slots (two halves, low first, for float16) and its D values.
 //
