@@ -108,15 +108,15 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
     try:
         exchange = SparseRowExchange(half=half, lag=lag, kernels=device.type == "cuda", all_to_all_from=route_from)
         replayed = _ReplayedExchange(exchange, [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES], columns)
-        width = sum(math.prod(shape) if c is None else c for shape, c in zip(SHAPES, columns or [None] * len(SHAPES)))
+        per_part = columns or [None] * len(SHAPES)
+        width = sum(math.prod(shape) if c is None else c for shape, c in zip(SHAPES, per_part))
         plain_exchange = DenseExchange(lag=lag)
         sum_got = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         sum_want = [torch.zeros(ROWS, *shape, device=device) for shape in SHAPES]
         dense_at = STEPS.index("dense")
         plans = set()  # whether each exchange went dense
         for step, case in enumerate(STEPS):
-            grads = [zero_past(make_grad(case, rank, step, shape), c).to(device)
-                     for shape, c in zip(SHAPES, columns or [None] * len(SHAPES))]  # fmt: skip
+            grads = [zero_past(make_grad(case, rank, step, shape), c).to(device) for shape, c in zip(SHAPES, per_part)]
             want = [g.clone() for g in grads]
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
@@ -143,7 +143,7 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
             assert stats.dense_bytes == ring_all_reduce_bytes(world, ROWS * WIDTH)  # every value
             assert stats.dense == (compacted > ring_all_reduce_bytes(world, ROWS * width)), (step, stats)
             assert stats.sent_bytes <= (stats.dense_bytes if not stats.dense else stats.dense_bytes + 24 * world)
-            if lag <= step < dense_at and not half and world == 2:  # capacity from the sparse steps: 2048 of 5000
+            if lag <= step < dense_at and not half and world == 2:  # capacity from the sparse steps, far below 5000
                 assert not stats.dense and stats.sent_bytes < stats.dense_bytes, stats
             plans.add(stats.dense)
             for total, g in zip(sum_got, got):
