@@ -48,6 +48,7 @@ from scaling_runs import add_room_options, train_room  # noqa: E402
 from bytesplat_ns.camera_matrices import viewmat_from_camera_to_world  # noqa: E402
 from bytesplat_ns.cuda import ops  # noqa: E402
 from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
+from bytesplat_ns.model import sh_rest_values  # noqa: E402
 from bytesplat_ns.render import RasterCamera  # noqa: E402
 
 SCENES = {  # name: (splats, camera, image size)
@@ -79,7 +80,7 @@ def settled(grads: list[torch.Tensor], routed: bool,
 def sh_degree_columns(grads: list[torch.Tensor], degree: int) -> tuple[list[torch.Tensor], list[int | None]]:
     """`grads` as a render at SH `degree` leaves them (the SH coefficients past it zero), and the values of each row
     in use (ByteSplatModel.gradient_columns); the SH coefficients' gradient is the one [N, 15, 3]."""
-    columns = [3 * ((degree + 1) ** 2 - 1) if g.dim() == 3 else None for g in grads]
+    columns = [sh_rest_values(degree) if g.dim() == 3 else None for g in grads]
     cut = [g.clone() for g in grads]
     for g, c in zip(cut, columns):
         if c is not None:

@@ -109,6 +109,11 @@ def psnr(pred: Tensor, gt: Tensor) -> Tensor:
     return -10.0 * torch.log10(torch.mean((pred - gt) ** 2))
 
 
+def sh_rest_values(degree: int) -> int:
+    """Values of a splat's features_rest ([K - 1, 3] SH coefficients past the first) that SH `degree` uses."""
+    return 3 * (num_sh_bases(degree) - 1)
+
+
 class ByteSplatModel(SplatfactoModel):
     config: ByteSplatModelConfig
 
@@ -359,7 +364,7 @@ class ByteSplatModel(SplatfactoModel):
         this step (None: all of them). The SH coefficients past sh_degree_now() take no gradient (every renderer's SH
         backward leaves zeros there), so the gradient exchange leaves them out: below degree 3 a splat's row has 14
         (degree 0), 23 or 38 values that can be non-zero instead of 59."""
-        rest = 3 * (num_sh_bases(self.sh_degree_now()) - 1) if self.config.sh_degree > 0 else None
+        rest = sh_rest_values(self.sh_degree_now()) if self.config.sh_degree > 0 else None
         return [rest if name == "features_rest" else None for name in self.gauss_params]
 
     def renderer(self) -> str:
