@@ -12,7 +12,10 @@ of the [N, ...] gradients, each step (`SparseRowExchange.average`):
    the mean an all-reduce gives, and bitwise the same on every rank (a rank's rows are distinct, so no two
    additions race), which keeps the ranks' splats identical;
    with the kernels, the pack zeroes the gradient rows it read (`clear`), so the gradients are zeros by then
-   without a pass over all of them;
+   without a pass over all of them; with one or two ranks it writes the rows it sent back instead, scaled by
+   1/world as the unpack scales them, and the unpack adds the other rank's rows alone (a + b and b + a are the
+   same bits; with three, (a + b) + c and (c + a) + b need not be): a pass over one rank's rows saved;
+   each rank packs into its own slice of the all-gather's output, which spares the all-gather a local copy;
 4. the gathered headers go to host memory without waiting and are read `lag` exchanges later, when they
    have long arrived (late_read.py): the counts set the capacity, the notes carry pause/stop requests
    (run_control.py). Both act `lag` steps late, on every rank alike. Reading them late is what lets a rank's
@@ -263,20 +266,27 @@ class SparseRowExchange:
             self._gathered_headers = self._all_reduce(grads, world)
             laps.lap("all-reduce")
             return
+        rank = dist.get_rank(self.group)
+        # [W, capacity + 1, slots + D]: this rank packs into its own slice (an in-place all-gather: no local copy)
+        dtype = self._value_dtype()
+        gathered = grads[0].new_empty(world, self.capacity + 1, _slots(dtype) + self._shape[1], dtype=dtype)
+        mine = gathered[rank : rank + 1]
+        own_rank = -1
         if self._routed:  # the sums of this rank's slice, row j for row j W + rank
             largest_received = self._route(grads, world, visible)  # leaves grads zero (kernels)
             laps.lap("route")
-            rank = dist.get_rank(self.group)
-            buffer = self._pack([self._sums], self.capacity, self._held, index_scale=world, index_offset=rank)
-            self._header_ints(buffer)[2:].copy_(largest_received)
-        else:
-            # [1, capacity + 1, slots + D]; with the kernels, grads are zeros after it
-            buffer = self._pack(grads, self.capacity, self._residual, visible=visible, clear=True)
+            self._pack([self._sums], self.capacity, self._held, index_scale=world, index_offset=rank, out=mine)
+            slots = _slots(dtype)  # the third header value, in the value type's slots (float16: 2-byte aligned)
+            mine[0, 0, 2 * slots : 3 * slots] = largest_received.view(dtype)
+        else:  # with the kernels, grads hold zeros after it; with two ranks or one, this rank's share of the mean
+            own_rank = rank if self._keeps_own_rows(grads, world) else -1
+            own_scale = 1.0 / world if own_rank >= 0 else 0.0
+            self._pack(grads, self.capacity, self._residual, visible=visible, clear=True, own_scale=own_scale, out=mine)
         laps.lap("pack")
-        gathered = buffer.new_empty(world, *buffer.shape[1:])  # [W, capacity + 1, slots + D]
-        dist.all_gather_into_tensor(gathered, buffer, group=self.group)
+        dist.all_gather_into_tensor(gathered, mine, group=self.group)
         laps.lap("all-gather")
-        self._gathered_headers = self._unpack(grads, gathered, self.capacity, 1.0 / world, zeroed=True)
+        self._gathered_headers = self._unpack(grads, gathered, self.capacity, 1.0 / world, zeroed=True,
+                                              own_rank=own_rank)  # fmt: skip
         laps.lap("unpack")
 
     def end(self) -> ExchangeStats:
@@ -355,29 +365,32 @@ class SparseRowExchange:
             grad.copy_(part.reshape(grad.shape))
         return headers.round().int()
 
-    def _header_ints(self, buffer: Tensor) -> Tensor:
-        """The first header row of `buffer` [owners, capacity + 1, slots + D] as its int32 [3]."""
-        return buffer[0, 0, : HEADER_INTS * _slots(buffer.dtype)].view(torch.int32)
+    def _keeps_own_rows(self, grads: list[Tensor], world: int) -> bool:
+        """Whether this rank's rows stay in its gradients as its share of the mean, the others' added to them (the
+        kernels, one or two ranks): a + b on one rank and b + a on the other are the same bits, which a third rank's
+        (a + b) + c against (c + a) + b would not be."""
+        return self.kernels and grads[0].is_cuda and world <= 2
 
     def _pack(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int = 1,
               index_scale: int = 1, index_offset: int = 0, visible: Tensor | None = None,
-              clear: bool = False) -> Tensor:  # fmt: skip
-        """-> buffers [owners, capacity + 1, slots + D] of the touched rows of `grads` (the rows `residual` holds
-        added in; the rows that did not fit held there instead), row i in buffer i mod owners and named
-        i * index_scale + index_offset, this exchange's note in each header. With the kernels, the rows where
-        `visible` is 0 are not read, and `clear` leaves `grads` zero (for `_unpack(..., zeroed=True)`)."""
+              clear: bool = False, own_scale: float = 0.0, out: Tensor | None = None) -> Tensor:  # fmt: skip
+        """-> buffers [owners, capacity + 1, slots + D] (`out`, if given) of the touched rows of `grads` (the rows
+        `residual` holds added in; the rows that did not fit held there instead), row i in buffer i mod owners and
+        named i * index_scale + index_offset, this exchange's note in each header. With the kernels, the rows where
+        `visible` is 0 are not read, and `clear` leaves `grads` zero (for `_unpack(..., zeroed=True)`) but for the
+        rows sent, with `own_scale`: own_scale x their sent values (for `_unpack(..., own_rank=rank)`)."""
         if self.kernels and grads[0].is_cuda:  # one launch; rows in no particular order
             values, count = (residual.values, residual.count) if residual is not None else (None, None)
             buffer = ops.pack_rows(grads, capacity, 0, self.half, values, count, owners, index_scale, index_offset,
-                                   visible, clear)  # fmt: skip
+                                   visible, clear, own_scale, out)  # fmt: skip
         else:
-            buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset)
+            buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset, out)
         slots = _slots(buffer.dtype)
         buffer[:, 0, slots : 2 * slots] = self._note.view(buffer.dtype)
         return buffer
 
     def _pack_torch(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int,
-                    index_scale: int, index_offset: int) -> Tensor:  # fmt: skip
+                    index_scale: int, index_offset: int, out: Tensor | None) -> Tensor:  # fmt: skip
         """`_pack` from torch operations (any device): rows in row order; padding rows hold zeros (named as the
         last row: adding them changes nothing)."""
         num_rows = grads[0].shape[0]
@@ -391,7 +404,7 @@ class SparseRowExchange:
         slots = _slots(dtype)
         touched = flat[:num_rows].ne(0).any(dim=1)  # [N]
         owner = torch.arange(num_rows, device=flat.device) % owners if owners > 1 else None  # [N]
-        buffer = flat.new_empty(owners, capacity + 1, slots + width, dtype=dtype)
+        buffer = out if out is not None else flat.new_empty(owners, capacity + 1, slots + width, dtype=dtype)
         buffer[:, 0].zero_()
         sent, counts = [], []
         for o in range(owners):
@@ -409,12 +422,13 @@ class SparseRowExchange:
         return buffer
 
     def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float, index_divisor: int = 1,
-                zeroed: bool = False) -> Tensor:  # fmt: skip
+                zeroed: bool = False, own_rank: int = -1) -> Tensor:  # fmt: skip
         """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D], row i added at i //
         index_divisor, in rank order into zeros (the same bits on every rank); `zeroed`: a `clear` pack left `grads`
-        zero (with the kernels: not zeroed again). -> the headers [W, 3] int32."""
+        zero (with the kernels: not zeroed again); `own_rank` (kernels): they hold that rank's rows, scaled, already.
+        -> the headers [W, 3] int32."""
         if self.kernels and grads[0].is_cuda:  # one call
-            return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed)
+            return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
         slots = _slots(gathered.dtype)
         dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]

@@ -210,11 +210,14 @@ def test_exchange_kernels_over_nccl_equal_dense_allreduce(tmp_path, world, half,
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
 @pytest.mark.parametrize("columns", [None, SH_DEGREE_1], ids=["all-values", "sh-degree-1"])
-@pytest.mark.parametrize("world, route_from, half", [(2, 2, False), (3, 3, False), (3, 3, True), (3, 99, False)])
+@pytest.mark.parametrize(
+    "world, route_from, half",
+    [(2, 2, False), (3, 3, False), (3, 3, True), (3, 99, False), (2, 99, False), (2, 99, True)],
+)
 def test_exchange_kernels_with_ranks_sharing_one_gpu(tmp_path, world, route_from, half, columns):
     """The exchange kernels with 2 and 3 ranks (over gloo, on one GPU): rows routed to owners, whose slices name
-    row j as row j W + rank, or all-gathered; every value of a row, or those in use at SH degree 1; against the
-    dense all-reduce."""
+    row j as row j W + rank, or all-gathered (with two ranks each keeping its own rows in place); every value of a
+    row, or those in use at SH degree 1; against the dense all-reduce, the same bits on every rank."""
     args = (world, str(tmp_path / "init"), half, 1, route_from, "gloo-cuda", False, columns)
     mp.spawn(_worker, args=args, nprocs=world, join=True)
 
@@ -323,6 +326,51 @@ def test_pack_unpack_kernels_match_torch(half, capacity, owners):
     want = (sent[0] + sent[1]) / 2
     got = torch.cat([g.reshape(ROWS, -1) for g in out], 1)
     assert float((got - want).norm() / want.norm()) <= tolerance
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("capacity", [ROWS, 400])  # all rows fit; fewer than the touched rows (the rest held back)
+@pytest.mark.parametrize("share", [None, 0.05])  # every row read; the rows in view listed and read alone
+def test_two_ranks_keep_their_own_rows_and_get_the_same_bits(half, capacity, share):
+    """A pack with `own_scale` leaves each rank's sent rows in its gradients as half their values as the other
+    rank decodes them (float16 rounding included), the rows held back and the rest as +0.0; unpacking the other
+    rank's rows alone into them (`own_rank`) gives on both ranks the bits an unpack of both ranks into zeros gives."""
+    from bytesplat_ns.cuda import ops
+
+    device = torch.device("cuda")
+    ranks, buffers = [], []
+    for rank in range(2):
+        grads = [make_grad("sparse", rank, 0, shape).to(device) for shape in SHAPES]
+        grads[0][ROWS - 1] = -0.0  # a row of signed zeros (radius > 0 below): zeroed, not sent
+        flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)  # [N, D]
+        visible = None if share is None else in_view(grads, rank, 0)
+        if visible is not None:
+            visible[ROWS - 1] = 1
+        residual = count = None
+        if capacity < ROWS:
+            residual, count = torch.zeros_like(flat), torch.zeros(1, dtype=torch.int32, device=device)
+        buffer = ops.pack_rows(grads, capacity, rank, half, residual, count, visible=visible, clear=True,
+                               own_scale=0.5)  # fmt: skip
+        slots = 2 if half else 1
+        sent = min(int(buffer[0, 0, :slots].clone().view(torch.int32)), capacity)
+        names = buffer[0, 1 : 1 + sent, :slots].clone().view(torch.int32).view(-1).long()
+        want = torch.zeros_like(flat)
+        want[names] = buffer[0, 1 : 1 + sent, slots:].float() * 0.5
+        after = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)
+        assert torch.equal(after.view(torch.int32), want.view(torch.int32))  # +0.0 where not sent, bit for bit
+        if residual is not None:  # the rows not sent are held back, and zeros in the gradients
+            assert int(count) == int(flat.ne(0).any(1).sum()) - capacity > 0
+            assert not bool((residual.ne(0).any(1) & want.ne(0).any(1)).any())
+        ranks.append(grads)
+        buffers.append(buffer)
+    gathered = torch.cat(buffers)  # [2, capacity + 1, slots + D]
+    into_zeros = [torch.full_like(g, float("nan")) for g in ranks[0]]
+    ops.unpack_rows(into_zeros, gathered, capacity, 0.5)
+    for rank, grads in enumerate(ranks):
+        headers = ops.unpack_rows(grads, gathered, capacity, 0.5, own_rank=rank)
+        assert [note for _, note, _ in headers.tolist()] == [0, 1]
+        assert all(torch.equal(g, z) for g, z in zip(grads, into_zeros)), rank
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")

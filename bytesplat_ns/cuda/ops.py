@@ -356,15 +356,20 @@ def pack_rows(
     index_offset: int = 0,
     visible: Tensor | None = None,  # [N] int32 (a render's screen radii): rows where it is 0 hold zeros
     clear: bool = False,
+    own_scale: float = 0.0,
+    out: Tensor | None = None,  # [owners, capacity + 1, slots + D] to write the buffers into
 ) -> Tensor:
     """The compacted exchange's buffers [owners, capacity + 1, slots + D] (csrc/sparse_rows.h), row i in buffer
     i mod owners: a header row (row count, note, 0), then the rows with a non-zero value, in no particular order,
     each its int32 index (i * index_scale + index_offset) then its values. The rows `residual` holds are added in
     (it is read only when `residual_rows` is not 0), the rows past the capacity held there instead, and
     `residual_rows` set to their count. The rows where `visible` is 0 are not read (the caller's word that they hold
-    zeros; ignored while the residual holds rows). `clear`: `grads` are all zeros afterwards."""
-    return ext().pack_rows(grads, residual, residual_rows, visible, capacity, note, half, owners, index_scale,
-                           index_offset, clear)  # fmt: skip
+    zeros; ignored while the residual holds rows). `clear`: `grads` are all zeros afterwards; with `own_scale`
+    (not 0), but for the rows sent, which hold own_scale x their values as the unpack decodes them (this rank's share
+    of the sums, for `unpack_rows(..., own_rank=rank)`). `out`: write the buffers there (a rank's slice of the
+    all-gather's output) instead of a new tensor."""
+    return ext().pack_rows(grads, residual, residual_rows, visible, out, capacity, note, half, owners, index_scale,
+                           index_offset, clear, own_scale)  # fmt: skip
 
 
 def unpack_rows(
@@ -374,12 +379,15 @@ def unpack_rows(
     scale: float,
     index_divisor: int = 1,
     zeroed: bool = False,
+    own_rank: int = -1,
 ) -> Tensor:
     """grads = scale * the sum of every rank's rows, each added at row index // index_divisor, in rank order
     (bitwise the same on every rank), in one call; `zeroed`: the caller's word that grads hold zeros already (a
-    pack with `clear` left them so), which spares a pass zeroing them. -> the ranks' header rows [W, 3] int32 (row
+    pack with `clear` left them so), which spares a pass zeroing them; `own_rank` (>= 0): they hold that rank's
+    rows already (a pack with `own_scale` = scale left them so), and the other ranks' rows are added to them (with
+    two ranks, a + b on one and b + a on the other: the same bits). -> the ranks' header rows [W, 3] int32 (row
     count, note, third value)."""
-    return ext().unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed)
+    return ext().unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
 
 
 def ssim(

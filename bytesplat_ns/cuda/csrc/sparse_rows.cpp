@@ -43,8 +43,8 @@ void check_header_fits(int64_t values, bool half) {
 
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual,
                      const c10::optional<at::Tensor>& residual_rows, const c10::optional<at::Tensor>& visible,
-                     int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
-                     int64_t index_offset, bool clear) {
+                     const c10::optional<at::Tensor>& out, int64_t capacity, int64_t note, bool half, int64_t owners,
+                     int64_t index_scale, int64_t index_offset, bool clear, double own_scale) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   BYTESPLAT_CHECK(owners >= 1 && owners <= kMaxOwners, "owners must be between 1 and ", kMaxOwners, ", got ", owners);
@@ -70,9 +70,19 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
     BYTESPLAT_CHECK_INPUT(visible.value(), at::kInt);
     check_shape(visible.value(), {parts.rows}, "visible (the render's screen radii of one camera)");
   }
+  BYTESPLAT_CHECK(own_scale == 0 || clear, "own_scale writes the sent rows back in place of clear's zeros: ",
+                  "pass clear=True with it");
   const auto dtype = half ? at::kHalf : at::kFloat;
   const int64_t width = row_slots(half) + parts.values;
-  at::Tensor buffer = at::empty({owners, capacity + 1, width}, grads[0].options().dtype(dtype));
+  at::Tensor buffer;
+  if (out.has_value()) {
+    BYTESPLAT_CHECK_INPUT(out.value(), dtype);
+    check_shape(out.value(), {owners, capacity + 1, width}, "out (the buffers)");
+    BYTESPLAT_CHECK(out->device() == grads[0].device(), "out must be on the gradients' device ", grads[0].device());
+    buffer = out.value();
+  } else {
+    buffer = at::empty({owners, capacity + 1, width}, grads[0].options().dtype(dtype));
+  }
   at::Tensor headers = at::zeros({owners * kHeaderInts + 2}, grads[0].options().dtype(at::kInt));
   at::Tensor listed, list_temp;
   if (visible.has_value()) {
@@ -88,6 +98,7 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
                      visible.has_value() ? list_temp.data_ptr() : nullptr,
                      visible.has_value() ? static_cast<size_t>(list_temp.numel()) : 0,
                      clear,
+                     static_cast<float>(own_scale),
                      buffer.data_ptr(),
                      headers.data_ptr<int>(),
                      half,
@@ -109,7 +120,7 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
 }
 
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale, int64_t index_divisor, bool zeroed) {
+                       double scale, int64_t index_divisor, bool zeroed, int64_t own_rank) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   const bool half = gathered.scalar_type() == at::kHalf;
@@ -119,9 +130,10 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
   check_header_fits(parts.values, half);
   BYTESPLAT_CHECK(index_divisor >= 1 && index_divisor < (int64_t{1} << 31), "index_divisor must be a positive int32");
+  BYTESPLAT_CHECK(own_rank < ranks, "own_rank must be one of the ", ranks, " ranks gathered, or -1 for none");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   for (at::Tensor g : grads) {
-    if (zeroed) break;  // a `clear` pack left them zero
+    if (zeroed || own_rank >= 0) break;  // a `clear` pack left them zero, or holding this rank's rows
     if (g.is_contiguous()) {
       BYTESPLAT_CHECK_CUDA_STATUS(cudaMemsetAsync(g.data_ptr(), 0, g.numel() * sizeof(float), stream));
     } else {
@@ -131,8 +143,9 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
   const int64_t rank_bytes = (capacity + 1) * width * gathered.element_size();
   const char* base = static_cast<const char*>(gathered.data_ptr());
   for (int64_t r = 0; r < ranks; ++r) {  // in rank order: the same sums on every rank
+    if (r == own_rank) continue;  // in the gradients already
     const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale),
-                         static_cast<int>(index_divisor), r == 0};
+                         static_cast<int>(index_divisor), r == 0 && own_rank < 0};
     BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
   }
   at::Tensor headers = at::empty({ranks, kHeaderInts}, gathered.options().dtype(at::kInt));

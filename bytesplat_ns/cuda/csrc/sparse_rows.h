@@ -23,12 +23,19 @@
 //         the pack then reads those alone (one by one, into tiles of listed rows), not the others. Not used while
 //         the residual holds rows (those may lie outside the view).
 //         `clear`: every row read that is not bitwise zero (a touched row, or one of -0.0s) is zeroed in the
-//         gradients, so that after the launch they are all zeros and the unpack need not zero them.
+//         gradients, so that after the launch they are all zeros and the unpack need not zero them; with
+//         `own_scale` (not 0) each row sent is written back instead as own_scale x its values as the other ranks
+//         decode them (float16 rounding included), the rows held back and those of -0.0s as zeros: the rank's own
+//         share of the unpack's sums, in place (with two ranks the sums are then the same bits either way round).
 // unpack: the gradients zeroed (unless the caller says they are zeros already: `zeroed`, after a `clear` pack),
 //         then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
 //         into an owner's slice, index_divisor = W; the first rank's written into the zeros without reading them,
 //         0 + x being x). A row appears once per buffer, so no two threads add to the same value; ranks are
 //         unpacked one launch after another, in rank order, which makes the sums bitwise the same on every rank.
+//         `own_rank` (>= 0): that rank's rows are in the gradients already (a pack with `own_scale` left them), so
+//         its buffer is skipped and the others' rows are added to what the gradients hold (nothing zeroed first).
+//         Products and sums are rounded one by one (no fused multiply-add), so own_scale x a + scale x b is the
+//         same bits on the rank that sent a and on the one that sent b.
 //         The ranks' header rows come back as one small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
 #pragma once
 
@@ -63,6 +70,7 @@ struct PackParams {
   void* list_temp;            // list_rows_temp_bytes(N) bytes of scratch for the listing
   size_t list_temp_bytes;
   bool clear;                 // zero the gradient rows read that are not bitwise zero
+  float own_scale;            // with clear, not 0: write the rows sent back as own_scale x their sent values
   void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
   int* headers;               // [owners * kHeaderInts + 2] zeroed before the launch: counts (atomic) and notes,
                               // then the rows this pack held in `residual` (atomic), the rows listed (atomic)
@@ -98,18 +106,21 @@ namespace bytesplat {
 // -> buffers [owners, capacity + 1, slots + D] (float32, or float16 with `half`).
 // Gradients: each [N, ...] float32 contiguous, or [N, w] with its columns next to each other (a view of every row's
 // first w values).
+// `out`: the buffers' tensor to write (a rank's slice of the all-gather's output, which spares NCCL the local
+// copy), else a new one.
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // read (zeroed with clear)
                      const c10::optional<at::Tensor>& residual,       // [N, D] float32, read and written
                      const c10::optional<at::Tensor>& residual_rows,  // [1] int32, read and written
                      const c10::optional<at::Tensor>& visible,        // [N] int32
+                     const c10::optional<at::Tensor>& out,            // [owners, capacity + 1, slots + D]
                      int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
-                     int64_t index_offset, bool clear);
+                     int64_t index_offset, bool clear, double own_scale);
 
 // grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
-// order (`zeroed`: grads hold zeros already). -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note,
-// third value).
+// order (`zeroed`: grads hold zeros already; `own_rank` >= 0: they hold that rank's rows, scaled, and the others'
+// are added to them). -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note, third value).
 at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale, int64_t index_divisor, bool zeroed);
+                       double scale, int64_t index_divisor, bool zeroed, int64_t own_rank);
 
 }  // namespace bytesplat
 #endif
