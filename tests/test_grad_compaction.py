@@ -334,15 +334,19 @@ def test_pack_unpack_kernels_match_torch(half, capacity, owners):
 @pytest.mark.parametrize("share", [None, 0.05])  # every row read; the rows in view listed and read alone
 def test_two_ranks_keep_their_own_rows_and_get_the_same_bits(half, capacity, share):
     """A pack with `own_scale` leaves each rank's sent rows in its gradients as half their values as the other
-    rank decodes them (float16 rounding included), the rows held back and the rest as +0.0; unpacking the other
-    rank's rows alone into them (`own_rank`) gives on both ranks the bits an unpack of both ranks into zeros gives."""
+    rank decodes them (float16 rounding included, -0.0 as +0.0), the rows held back and the rest as +0.0;
+    unpacking the other rank's rows alone into them (`own_rank`) gives the same bits on both ranks (a -0.0 in a row
+    only one rank sent included), and the values an unpack of both ranks into zeros gives."""
     from bytesplat_ns.cuda import ops
 
     device = torch.device("cuda")
-    ranks, buffers = [], []
-    for rank in range(2):
-        grads = [make_grad("sparse", rank, 0, shape).to(device) for shape in SHAPES]
-        grads[0][ROWS - 1] = -0.0  # a row of signed zeros (radius > 0 below): zeroed, not sent
+    ranks = [[make_grad("sparse", rank, 0, shape).to(device) for shape in SHAPES] for rank in range(2)]
+    touched = [torch.cat([g.reshape(ROWS, -1) for g in grads], 1).ne(0).any(1) for grads in ranks]  # [N] each
+    only_rank_1 = int((touched[1] & ~touched[0]).nonzero()[0])
+    ranks[1][2][only_rank_1] = -0.0  # an opacity gradient of -0.0 in a row rank 0 does not send
+    ranks[0][0][ROWS - 1] = -0.0  # a row of signed zeros (in view below, unless touched): zeroed, not sent
+    buffers = []
+    for rank, grads in enumerate(ranks):
         flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)  # [N, D]
         visible = None if share is None else in_view(grads, rank, 0)
         if visible is not None:
@@ -356,13 +360,12 @@ def test_two_ranks_keep_their_own_rows_and_get_the_same_bits(half, capacity, sha
         sent = min(int(buffer[0, 0, :slots].clone().view(torch.int32)), capacity)
         names = buffer[0, 1 : 1 + sent, :slots].clone().view(torch.int32).view(-1).long()
         want = torch.zeros_like(flat)
-        want[names] = buffer[0, 1 : 1 + sent, slots:].float() * 0.5
+        want[names] = buffer[0, 1 : 1 + sent, slots:].float() * 0.5 + 0.0  # -0.0 as +0.0
         after = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)
         assert torch.equal(after.view(torch.int32), want.view(torch.int32))  # +0.0 where not sent, bit for bit
         if residual is not None:  # the rows not sent are held back, and zeros in the gradients
             assert int(count) == int(flat.ne(0).any(1).sum()) - capacity > 0
             assert not bool((residual.ne(0).any(1) & want.ne(0).any(1)).any())
-        ranks.append(grads)
         buffers.append(buffer)
     gathered = torch.cat(buffers)  # [2, capacity + 1, slots + D]
     into_zeros = [torch.full_like(g, float("nan")) for g in ranks[0]]
@@ -371,6 +374,7 @@ def test_two_ranks_keep_their_own_rows_and_get_the_same_bits(half, capacity, sha
         headers = ops.unpack_rows(grads, gathered, capacity, 0.5, own_rank=rank)
         assert [note for _, note, _ in headers.tolist()] == [0, 1]
         assert all(torch.equal(g, z) for g, z in zip(grads, into_zeros)), rank
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(*ranks))  # bit for bit
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")

@@ -255,10 +255,12 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
         columns.each(p.grads, tile_rows, r, row,
                      [&](int col, int at, const float*) { res[col] = kept ? tile[at] : 0.f; });
       }
-      if (p.clear && slot != kUntouched) {  // zeros, or a sent row as the others will decode it (own_scale)
+      // Zeros, or (own_scale) a sent row as the others will decode it, -0.0 made +0.0: the other rank adds this
+      // value to a +0.0 where it did not send the row, so both hold +0.0 there.
+      if (p.clear && slot != kUntouched) {
         const bool stays = p.own_scale != 0.f && slot >= 0 && slot < p.capacity;
         columns.each(p.grads, tile_rows, r, row, [&](int, int at, float* grad) {
-          *grad = stays ? __fmul_rn(p.own_scale, Buf::decode(Buf::encode(tile[at]))) : 0.f;
+          *grad = stays ? __fadd_rn(__fmul_rn(p.own_scale, Buf::decode(Buf::encode(tile[at]))), 0.f) : 0.f;
         });
       }
     }

@@ -25,8 +25,10 @@
 //         `clear`: every row read that is not bitwise zero (a touched row, or one of -0.0s) is zeroed in the
 //         gradients, so that after the launch they are all zeros and the unpack need not zero them; with
 //         `own_scale` (not 0) each row sent is written back instead as own_scale x its values as the other ranks
-//         decode them (float16 rounding included), the rows held back and those of -0.0s as zeros: the rank's own
-//         share of the unpack's sums, in place (with two ranks the sums are then the same bits either way round).
+//         decode them (float16 rounding included; -0.0 as +0.0), the rows held back and those of -0.0s as zeros:
+//         the rank's own share of the unpack's sums, in place (with two ranks the sums are then the same bits
+//         either way round: a + b = b + a, and a row one rank did not send is +0.0 there, so +0.0 + -0.0 on one
+//         rank meets +0.0 on the other).
 // unpack: the gradients zeroed (unless the caller says they are zeros already: `zeroed`, after a `clear` pack),
 //         then every rank's sent rows, times `scale`, added in (at row index / index_divisor:
 //         into an owner's slice, index_divisor = W; the first rank's written into the zeros without reading them,
