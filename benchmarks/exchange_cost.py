@@ -2,8 +2,10 @@
 
 With several GPUs and `--cuda-graph-several-gpus True` each rank's step graph holds the exchange's device part
 (pack kernel, NCCL all-gather, unpack kernel; grad_compaction.py), so what it adds to a step is device time. This
-measures it on one GPU, where the world is one rank (the all-gather copies locally): what is left is the packing
-and unpacking every rank does whatever the links. For one view's gradients of three scenes:
+measures it on one GPU, where the world is one rank: what is left is the packing every rank does whatever the
+links (with one or two ranks a rank keeps its own rows in place and unpacks the others' alone, so one rank unpacks
+nothing; two ranks add the unpack of the other's rows, `unp own` below). For one view's gradients of three
+scenes:
 - `room` and `object` (exchange_plans.py: 2M splats at 1920x1080, seen from inside, about 6% of the rows touched,
   and from outside, about 40%) and `object_50k` (50,000 splats at 800x800: lego's splat count after 7000 steps);
   with `--trained-room RUN`, also `room_trained`: the splats of a `ns-train bytesplat` run on the generated room
@@ -17,8 +19,8 @@ and unpacking every rank does whatever the links. For one view's gradients of th
 - the pack kernel alone: with nothing held back from earlier steps (the steady state: the residual is not read),
   that and told the view, and with a row held back (after a step whose rows overflowed the capacity: the residual
   is read and rewritten, which every pack did before the held rows were counted); the unpack call alone, zeroing
-  the gradients then adding the rows, and adding them into gradients a `clear` pack left zero (as the exchange
-  does);
+  the gradients then adding the rows, adding them into gradients a `clear` pack left zero (as the exchange did
+  with three ranks), and adding them to gradients holding a rank's own rows (as the other rank's are with two);
 - for scale: a device copy of the [N, 59] gradients (one read and one write of them);
 - the exchange's kernels by name (torch profiler over op-by-op exchanges), microseconds per exchange.
 Prints a table last, writes --json.
@@ -142,14 +144,19 @@ def pack_us(grads: list[torch.Tensor], runs: int, visible: torch.Tensor) -> dict
 
 
 def unpack_us(grads: list[torch.Tensor], runs: int) -> dict[str, float]:
-    """The unpack call alone, one rank's rows (every touched row in one buffer): zeroing the gradients first, and
-    into gradients that are zeros already (after a `clear` pack)."""
-    buffer = ops.pack_rows(grads, grads[0].shape[0], 0, False)
+    """The unpack call alone, one rank's rows (every touched row in one buffer): zeroing the gradients first, into
+    gradients that are zeros already (after a `clear` pack), and added to gradients holding the same rows (a
+    second rank's buffer, a copy of the first, unpacked onto the first's rows kept in place: what each of two ranks
+    does)."""
+    rows = grads[0].shape[0]
+    buffer = ops.pack_rows(grads, rows, 0, False)
     out = [torch.empty_like(g) for g in grads]
-    zeroing = median_us(lambda: ops.unpack_rows(out, buffer, grads[0].shape[0], 1.0), runs)
-    into_zeros = median_us(lambda: ops.unpack_rows(out, buffer, grads[0].shape[0], 1.0, zeroed=True), runs,
+    zeroing = median_us(lambda: ops.unpack_rows(out, buffer, rows, 1.0), runs)
+    into_zeros = median_us(lambda: ops.unpack_rows(out, buffer, rows, 1.0, zeroed=True), runs,
                            lambda: torch._foreach_zero_(out))  # fmt: skip
-    return {"zeroing_us": zeroing, "into_zeros_us": into_zeros}
+    two = torch.cat([buffer, buffer])  # [2, rows + 1, 1 + D]
+    onto_own = median_us(lambda: ops.unpack_rows(out, two, rows, 0.5, own_rank=0), runs)
+    return {"zeroing_us": zeroing, "into_zeros_us": into_zeros, "onto_own_rows_us": onto_own}
 
 
 def trained_splats(run: Path, device: torch.device) -> dict[str, torch.Tensor]:
@@ -262,8 +269,8 @@ def main() -> None:
         top = ", ".join(f"{k[:40]} {v:.0f}" for k, v in list(r["kernels_us_per_exchange"].items())[:4])
         print(f"{scene}: kernels per exchange (us): {top}")
     print(f"{'scene':<12} {'touched':>8} {'in view':>8} {'MiB':>5} {'graph ag':>9} {'ag view':>8} {'sh0':>6} "
-          f"{'sh1':>6} {'sh2':>6} {'routed':>7} "
-          f"{'pack':>6} {'pk view':>8} {'pk held':>8} {'unpack':>7} {'unp 0s':>7} {'copy':>6}")  # fmt: skip
+          f"{'sh1':>6} {'sh2':>6} {'routed':>7} {'pack':>6} {'pk view':>8} {'pk held':>8} {'unpack':>7} "
+          f"{'unp 0s':>7} {'unp own':>8} {'copy':>6}")  # fmt: skip
     for scene, r in results.items():
         ex, pack, unpack = r["exchange_replayed_us"], r["pack"], r["unpack_us"]
         print(f"{scene:<12} {100 * r['touched_fraction']:7.1f}% {100 * r['in_view_fraction']:7.1f}% "
@@ -271,13 +278,13 @@ def main() -> None:
               f"{ex['all_gather_told_view_sh0']:6.0f} {ex['all_gather_told_view_sh1']:6.0f} "
               f"{ex['all_gather_told_view_sh2']:6.0f} {ex['routed']:7.0f} "
               f"{pack['nothing_held_us']:6.0f} {pack['in_view_us']:8.0f} {pack['one_row_held_us']:8.0f} "
-              f"{unpack['zeroing_us']:7.0f} {unpack['into_zeros_us']:7.0f} "
+              f"{unpack['zeroing_us']:7.0f} {unpack['into_zeros_us']:7.0f} {unpack['onto_own_rows_us']:8.0f} "
               f"{r['copy_of_gradients_us']:6.0f}")  # fmt: skip
     print(
         f"(one rank on {record['device']}; microseconds, median of {args.runs}; graph ag / ag view / routed: the "
         "exchange's device part replayed from a CUDA graph, rows all-gathered (told the view's radii or not; sh0-2: "
         "told, at SH degree 0-2, only the values in use sent) / routed to owners; pk: pack kernel; unp 0s: unpack "
-        "into gradients a clear pack left zero)"
+        "into gradients a clear pack left zero; unp own: the other rank's rows onto a rank's own, kept in place)"
     )
 
 
