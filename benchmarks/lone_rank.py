@@ -7,12 +7,13 @@ thirty-eighth session), though the exchange's device work measured on one GPU is
 - `lone rank`: the trainer told it is rank 0 of two (`world_size` 2: two views' schedule and learning rates, half
   the training cameras, the gradient exchange with its kernels inside the step graph, the notes, the late reads,
   the densification statistics reduced), over an NCCL process group of this one process, so the exchange's
-  all-gather copies locally and no other rank is waited for (the rank watchdog is told not to expect one).
+  all-gather moves nothing and no other rank is waited for (the rank watchdog is told not to expect one).
 What the lone rank's replayed step adds to the plain one is the rank's own share of a two-GPU step's extra time;
-the rest of it (transfer, waiting for the other rank, the other host) is what only two GPUs show. Each run's closing
-stats (views per second, host ms per phase; "graph" is a replayed step's, its waits for the GPU included) and,
-with --profile-steps, a torch profile of that many steady-state steps (host and GPU ms per step, the GPU's kernels
-by name). Prints a table last; writes --json.
+the rest of it (transfer, the unpack of the other rank's rows, waiting for the other rank, the other host) is what
+only two GPUs show: a world of one keeps its own rows in place and unpacks nothing (grad_compaction.py). Each
+run's closing stats (views per second, host ms per phase; "graph" is a replayed step's, its waits for the GPU
+included) and, with --profile-steps, a torch profile of that many steady-state steps (host and GPU ms per step, the
+GPU's kernels by name). Prints a table last; writes --json.
 
     python3 benchmarks/lone_rank.py --data .device-kit/data/lego --views 2000 --json $OUT/lone_rank.json
 

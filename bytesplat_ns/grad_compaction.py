@@ -269,15 +269,14 @@ class SparseRowExchange:
         rank = dist.get_rank(self.group)
         # [W, capacity + 1, slots + D]: this rank packs into its own slice (an in-place all-gather: no local copy)
         dtype = self._value_dtype()
-        gathered = grads[0].new_empty(world, self.capacity + 1, _slots(dtype) + self._shape[1], dtype=dtype)
+        gathered = grads[0].new_empty(world, self.capacity + 1, self._row_width(), dtype=dtype)
         mine = gathered[rank : rank + 1]
         own_rank = -1
         if self._routed:  # the sums of this rank's slice, row j for row j W + rank
             largest_received = self._route(grads, world, visible)  # leaves grads zero (kernels)
             laps.lap("route")
             self._pack([self._sums], self.capacity, self._held, index_scale=world, index_offset=rank, out=mine)
-            slots = _slots(dtype)  # the third header value, in the value type's slots (float16: 2-byte aligned)
-            mine[0, 0, 2 * slots : 3 * slots] = largest_received.view(dtype)
+            _put_header_int(mine, 2, largest_received)
         else:  # with the kernels, grads hold zeros after it; with two ranks or one, this rank's share of the mean
             own_rank = rank if self._keeps_own_rows(grads, world) else -1
             own_scale = 1.0 / world if own_rank >= 0 else 0.0
@@ -316,10 +315,12 @@ class SparseRowExchange:
     def _value_dtype(self) -> torch.dtype:
         return torch.float16 if self.half else torch.float32
 
+    def _row_width(self) -> int:
+        """Entries of one buffer row (its value type): the index's slots and the D values."""
+        return _slots(self._value_dtype()) + self._shape[1]
+
     def _row_bytes(self) -> int:
-        """Bytes of one buffer row: the index's slots and the D values."""
-        dtype = self._value_dtype()
-        return (_slots(dtype) + self._shape[1]) * dtype.itemsize
+        return self._row_width() * self._value_dtype().itemsize
 
     def _route(self, grads: list[Tensor], world: int, visible: Tensor | None) -> Tensor:
         """With owners: this rank's touched rows to their owners (rows that did not fit stay in the residual; grads
@@ -369,7 +370,11 @@ class SparseRowExchange:
         """Whether this rank's rows stay in its gradients as its share of the mean, the others' added to them (the
         kernels, one or two ranks): a + b on one rank and b + a on the other are the same bits, which a third rank's
         (a + b) + c against (c + a) + b would not be."""
-        return self.kernels and grads[0].is_cuda and world <= 2
+        return self._on_kernels(grads) and world <= 2
+
+    def _on_kernels(self, grads: list[Tensor]) -> bool:
+        """Whether bytesplat's kernels pack and unpack `grads` (asked for, and on the GPU); else torch operations."""
+        return self.kernels and grads[0].is_cuda
 
     def _pack(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int = 1,
               index_scale: int = 1, index_offset: int = 0, visible: Tensor | None = None,
@@ -379,14 +384,13 @@ class SparseRowExchange:
         named i * index_scale + index_offset, this exchange's note in each header. With the kernels, the rows where
         `visible` is 0 are not read, and `clear` leaves `grads` zero (for `_unpack(..., zeroed=True)`) but for the
         rows sent, with `own_scale`: own_scale x their sent values (for `_unpack(..., own_rank=rank)`)."""
-        if self.kernels and grads[0].is_cuda:  # one launch; rows in no particular order
+        if self._on_kernels(grads):  # one launch; rows in no particular order
             values, count = (residual.values, residual.count) if residual is not None else (None, None)
             buffer = ops.pack_rows(grads, capacity, 0, self.half, values, count, owners, index_scale, index_offset,
                                    visible, clear, own_scale, out)  # fmt: skip
         else:
             buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset, out)
-        slots = _slots(buffer.dtype)
-        buffer[:, 0, slots : 2 * slots] = self._note.view(buffer.dtype)
+        _put_header_int(buffer, 1, self._note)
         return buffer
 
     def _pack_torch(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int,
@@ -427,7 +431,7 @@ class SparseRowExchange:
         index_divisor, in rank order into zeros (the same bits on every rank); `zeroed`: a `clear` pack left `grads`
         zero (with the kernels: not zeroed again); `own_rank` (kernels): they hold that rank's rows, scaled, already.
         -> the headers [W, 3] int32."""
-        if self.kernels and grads[0].is_cuda:  # one call
+        if self._on_kernels(grads):  # one call
             return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
         slots = _slots(gathered.dtype)
@@ -475,6 +479,14 @@ def leading_values(tensors: list[Tensor], columns: list[int | None] | None) -> l
 def _slots(dtype: torch.dtype) -> int:
     """Value slots holding one int32."""
     return 4 // dtype.itemsize
+
+
+def _put_header_int(buffer: Tensor, index: int, value: Tensor) -> None:
+    """Header value `index` of each buffer in `buffer` [owners, capacity + 1, slots + D] = `value` ([1] int32 on its
+    device), written into the value type's slots (a float16 buffer's may start on a 2-byte boundary, where an int32
+    view could not)."""
+    slots = _slots(buffer.dtype)
+    buffer[:, 0, index * slots : (index + 1) * slots] = value.view(buffer.dtype)
 
 
 def _remember(window: deque, value: float, size: int) -> None:

@@ -3,9 +3,10 @@
 // A gradient row is a splat's values of every parameter side by side: up to kMaxParts gradients [N, width_p],
 // D = sum of the widths; a part may be a view of each row's leading values (a row stride above its width: the SH
 // coefficients up to the degree in use, the rest holding zeros that need not travel). A buffer is
-// [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2): row 0 is the header, kHeaderInts int32s (the row count: every touched row, sent or not; a note; a third value
-// the caller may set, zero here), each in `slots` slots; then one row per sent splat, its index as an int32 in
-// the first slots (two halves, low first, for float16) and its D values.
+// [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2): row 0 is the header, kHeaderInts
+// int32s (the row count: every touched row, sent or not; a note; a third value the caller may set, zero here), each
+// in `slots` slots; then one row per sent splat, its index as an int32 in the first slots (two halves, low first,
+// for float16) and its D values.
 //
 // pack:   the rows split among `owners` buffers [owners, capacity + 1, slots + D], row i going to buffer
 //         i mod owners (owners = 1: one buffer for an all-gather; owners = W: one per rank for an all-to-all),
@@ -110,7 +111,7 @@ namespace bytesplat {
 // first w values).
 // `out`: the buffers' tensor to write (a rank's slice of the all-gather's output, which spares NCCL the local
 // copy), else a new one.
-at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // read (zeroed with clear)
+at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // read (with clear: zeroed, or own rows)
                      const c10::optional<at::Tensor>& residual,       // [N, D] float32, read and written
                      const c10::optional<at::Tensor>& residual_rows,  // [1] int32, read and written
                      const c10::optional<at::Tensor>& visible,        // [N] int32
