@@ -44,6 +44,12 @@ A residual pending when densification changes the splat count is dropped (its ro
 anything). The pack kernel reads and clears the residual only while it holds rows (a count on the device,
 `HeldRows`), so the usual step, whose rows all fit, makes no pass over it.
 
+One step late (`one_step_late`, late_update.py): the device part splits in two. `pack_for_later`, at the end of
+a step, packs its rows into a buffer kept for the next step; `gather_packed`, at the start of the next, all-gathers
+those buffers and writes their mean into gradients of its own (every row: zeros where no rank sent one), so the
+next step's render runs beside it. The packed buffer's own rows are then marked sent (its count zeroed), so a
+buffer is never gathered twice. The plan is always the all-gather of compacted rows (neither routed nor dense).
+
 When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (so at
 capacities near N, which is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is
 that all-reduce instead, the headers riding in 3 W extra values, the residuals added and cleared. The decision
@@ -134,6 +140,21 @@ class HeldRows:
 
 
 @dataclass
+class _Packed:
+    """One step late: what `pack_for_later` wrote, for the next `gather_packed`."""
+
+    buffer: Tensor
+    """[W, capacity + 1, slots + D] this rank's slice packed, the all-gather's output."""
+    key: tuple
+    """(capacity, D, value dtype)."""
+    columns: list | None
+    """The `columns` it was packed with."""
+    tag: tuple
+    """(rows a buffer could need, capacity, 0): the late headers' tag."""
+    sent_bytes: int
+
+
+@dataclass
 class SparseRowExchange:
     """The compacted gradient exchange of one training run (it keeps the capacities and last headers)."""
 
@@ -153,6 +174,8 @@ class SparseRowExchange:
     all_to_all_from: int = 4
     """Route the rows to owner ranks (all-to-all, then an all-gather of the owners' sums) from this many ranks on;
     with fewer, all-gather every rank's rows."""
+    one_step_late: bool = False
+    """Exchange each step's rows at the start of the next (`pack_for_later`, `gather_packed`; module docstring)."""
     group: object = None
     capacity: int = 0
     """Rows per rank in the last exchange's all-gather."""
@@ -190,6 +213,13 @@ class SparseRowExchange:
     """Whether the exchange `begin` prepared routes the rows to owners."""
     _dense: bool = False
     """Whether the exchange `begin` prepared is a dense all-reduce."""
+    _packed: _Packed | None = None
+    """One step late: the buffer the last `pack_for_later` wrote, for the next `gather_packed`."""
+    _buffers: dict = field(default_factory=dict)
+    """One step late: (capacity, width, dtype) -> all-gather buffer [W, capacity + 1, slots + width], kept between
+    steps (the step graph bakes their addresses in): the packed one and the one `begin` chose."""
+    _gathered: _Packed | None = None
+    """One step late: what the exchange `begin` prepared gathers (the last packed buffer; None: nothing yet)."""
 
     def __post_init__(self) -> None:
         self._headers = LateQueue(self.lag)
@@ -229,7 +259,8 @@ class SparseRowExchange:
         if (num_rows, width) != self._shape:  # densification renumbered the splats, or the SH degree grew: held
             self._residual = self._held = self._sums = None  # rows mean nothing now
         self._shape = (num_rows, width)
-        self._routed = world >= self.all_to_all_from  # 1: one rank routes to itself (what the tests run on 1 GPU)
+        self._routed = world >= self.all_to_all_from and not self.one_step_late  # 1: one rank routes to itself
+        # (what the tests run on 1 GPU)
         limit = self._limit(world)
         self.capacity = self._next_capacity(self._fractions, limit, self.capacity)
         self.route_capacity = (
@@ -247,12 +278,28 @@ class SparseRowExchange:
         self._note.fill_(note)
         rows = self.capacity + 1 + (self.route_capacity + 1 if self._routed else 0)  # to each peer
         self._sent_bytes = (world - 1) * rows * self._row_bytes()
-        self._dense = self._sent_bytes > ring_all_reduce_bytes(world, num_rows * width)
+        self._dense = self._sent_bytes > ring_all_reduce_bytes(world, num_rows * width) and not self.one_step_late
         if self._dense:
             self._sent_bytes = ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
         held = [h.values if h is not None else None for h in (self._residual, self._held)]
         addresses = tuple(t.data_ptr() if t is not None else None for t in (*held, self._sums))
+        if self.one_step_late:
+            self._gathered = self._packed
+            addresses += self._late_buffers(world, device)
         return self._shape, self.capacity, self.route_capacity, self._dense, addresses
+
+    def _late_buffers(self, world: int, device: torch.device) -> tuple:
+        """One step late: choose the buffer this step packs into (kept while its capacity and width are), drop
+        those neither it nor the packed one uses. -> what the step graph bakes in from them."""
+        dtype = self._value_dtype()
+        key = (self.capacity, self._shape[1], dtype)
+        if key not in self._buffers:  # zeros: a header count of 0, nothing to add until packed
+            self._buffers[key] = torch.zeros(world, self.capacity + 1, self._row_width(), dtype=dtype, device=device)
+        packed = self._packed
+        keep = {key, packed.key} if packed is not None else {key}
+        self._buffers = {k: v for k, v in self._buffers.items() if k in keep}
+        gathered = (packed.buffer.data_ptr(), packed.key, tuple(packed.columns or ())) if packed is not None else None
+        return self._buffers[key].data_ptr(), gathered
 
     def exchange_rows(self, grads: list[Tensor], laps: PhaseClock | None = None,
                       visible: Tensor | None = None) -> None:  # fmt: skip
@@ -288,20 +335,59 @@ class SparseRowExchange:
                                               own_rank=own_rank)  # fmt: skip
         laps.lap("unpack")
 
+    def pack_for_later(self, grads: list[Tensor], visible: Tensor | None = None) -> None:
+        """One step late, the first device part (at the end of a step): this rank's touched rows of `grads` (left as
+        they are) into its slice of the buffer `begin` chose, with the capacity and `columns` it set; rows past the
+        capacity wait in the residual, as in `exchange_rows`."""
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        key = (self.capacity, self._shape[1], self._value_dtype())
+        buffer = self._buffers[key]
+        self._pack(leading_values(grads, self._columns), self.capacity, self._residual, visible=visible,
+                   out=buffer[rank : rank + 1])  # fmt: skip
+        sent = (world - 1) * (self.capacity + 1) * self._row_bytes()
+        self._packed = _Packed(buffer, key, self._columns, (self._limit(world), self.capacity, 0), sent)
+
+    def gather_packed(self, into: list[Tensor]) -> None:
+        """One step late, the second device part (at the start of the next step): all-gather every rank's packed
+        buffer and write the mean of their rows into `into` (shaped as the gradients; every value of the packed
+        `columns` written, zeros where no rank sent a row); this rank's buffer is marked sent. Nothing before a first
+        pack (every rank alike). Uses what `begin` set."""
+        packed = self._gathered
+        if packed is None:
+            return
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        dist.all_gather_into_tensor(packed.buffer, packed.buffer[rank : rank + 1], group=self.group)
+        into = leading_values(into, packed.columns)
+        self._gathered_headers = self._unpack(into, packed.buffer, packed.key[0], 1.0 / world)
+        self.mark_packed_sent()
+
+    def mark_packed_sent(self) -> None:
+        """Zero this rank's count in the packed buffer, so that a later `gather_packed` adds none of its rows (its
+        note stays: the notes are levels, read late)."""
+        if self._packed is not None:
+            rank = dist.get_rank(self.group)
+            zero = torch.zeros(1, dtype=torch.int32, device=self._packed.buffer.device)
+            _put_header_int(self._packed.buffer[rank : rank + 1], 0, zero)
+
     def end(self) -> ExchangeStats:
         """The host's part after an exchange: start copying its gathered headers to the host (read `lag` exchanges
         later). -> what it moved, and the notes and overflows `begin` read."""
         world = dist.get_world_size(self.group)
         num_rows, width = self._shape
         limit = self._limit(world)
-        if self._dense:  # nothing held back
+        sent = self._sent_bytes
+        if self.one_step_late:  # the rows gather_packed gathered (packed a step before, with their capacity), if any
+            gathered = self._gathered
+            tag, sent = (gathered.tag, gathered.sent_bytes) if gathered is not None else (None, 0)
+        elif self._dense:  # nothing held back
             tag = (limit, limit, limit if self._routed else 0)
         else:
             tag = (limit, self.capacity, self.route_capacity)
-        self._headers.push(self._gathered_headers, tag=tag)
+        if tag is not None:
+            self._headers.push(self._gathered_headers, tag=tag)
         notes, overflows = self._round
         return ExchangeStats(
-            sent_bytes=self._sent_bytes,
+            sent_bytes=sent,
             dense_bytes=ring_all_reduce_bytes(world, num_rows * self._all_values),
             notes=notes,
             overflows=overflows,
@@ -435,9 +521,12 @@ class SparseRowExchange:
             return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
         slots = _slots(gathered.dtype)
-        dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]
+        dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]; rows past a buffer's count go to row N
+        counts = gathered[:, 0, :slots].clone().view(torch.int32).view(-1)  # [W]
         for rank in range(gathered.shape[0]):
             rows = gathered[rank, 1:, :slots].clone().view(torch.int32).view(-1) // index_divisor  # [capacity]
+            live = torch.arange(capacity, device=rows.device) < counts[rank]  # [capacity]
+            rows = rows.clamp(min=0, max=num_rows).masked_fill(~live, num_rows)
             dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=scale)
         for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
             grad.copy_(part.reshape(grad.shape))

@@ -43,6 +43,10 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     """Pack and unpack the compacted rows with bytesplat's CUDA kernels (one launch each; built when training starts
     on several GPUs, like the fused renderer) instead of about twenty torch operations: the exchange's host time
     per step 1.53 -> 0.69 ms on lego (benchmarks/RESULTS.md). False: torch operations (no nvcc needed)."""
+    exchange_one_step_late: bool = False
+    """With several GPUs and the compacted exchange: apply each step's averaged gradients at the next step, so that
+    their exchange runs beside the next step's render (late_update.py). Off until it is shown to keep one GPU's
+    quality (benchmarks/RESULTS.md)."""
     exchange_all_to_all_from: int = 4
     """From this many GPUs on, the compacted exchange routes each gradient row to an owner GPU (an all-to-all), which
     sums what it gets and all-gathers the sums; with fewer, every GPU's rows are all-gathered. Chosen by the bytes
@@ -85,9 +89,9 @@ class ByteSplatPipeline(VanillaPipeline):
         self.model.to(device)
         self.model.strategy.distributed = world_size > 1
         self.datamanager.view_costs = self.model.bins.entries_by_view  # matched draws (datamanager.py)
-        self.exchange = self._make_exchange(config, device, world_size, dataset)
         self._other_params: list[torch.nn.Parameter] | None = None
-        """The parameters other than the splats', listed at the first exchange."""
+        """The parameters other than the splats', listed when first needed."""
+        self.exchange = self._make_exchange(config, device, world_size, dataset)
 
     def _make_exchange(self, config: ByteSplatPipelineConfig, device: str, world_size: int, dataset):
         """The splat gradients' exchange --pipeline.exchange names (its kernels built now on CUDA)."""
@@ -105,9 +109,29 @@ class ByteSplatPipeline(VanillaPipeline):
         kernels = config.exchange_kernels and world_size > 1 and torch.device(device).type == "cuda"
         if kernels:
             _build_exchange_kernels()
-        return SparseRowExchange(
-            half=config.half_precision_exchange, kernels=kernels, all_to_all_from=config.exchange_all_to_all_from
-        )
+        late = config.exchange_one_step_late and world_size > 1
+        if late:
+            self._check_one_step_late(config, world_size)
+        return SparseRowExchange(half=config.half_precision_exchange, kernels=kernels,
+                                 all_to_all_from=config.exchange_all_to_all_from, one_step_late=late)  # fmt: skip
+
+    def _check_one_step_late(self, config: ByteSplatPipelineConfig, world_size: int) -> None:
+        """The late exchange carries the splat gradients alone, all-gathered (late_update.py)."""
+        if config.exchange != "compact":
+            raise BadInputError(
+                f"--pipeline.exchange-one-step-late True works with --pipeline.exchange compact, not "
+                f"{config.exchange}. Use compact or drop the option."
+            )
+        if world_size >= config.exchange_all_to_all_from:
+            raise BadInputError(
+                f"--pipeline.exchange-one-step-late True all-gathers the rows; with {world_size} GPUs they would be "
+                f"routed to owners. Raise --pipeline.exchange-all-to-all-from above {world_size} or drop the option."
+            )
+        if self._other_gradient_params():
+            raise BadInputError(
+                "--pipeline.exchange-one-step-late True exchanges the splat gradients only: it trains without the "
+                "camera optimizer and the bilateral grid. Turn them off or drop the option."
+            )
 
     @property
     def exchanges_screen(self) -> bool:
@@ -168,6 +192,10 @@ class ByteSplatPipeline(VanillaPipeline):
     def end_exchange(self) -> ExchangeStats:
         return self.exchange.end()
 
+    def pack_for_later(self, visible: torch.Tensor | None = None) -> None:
+        """One step late: this step's splat gradient rows packed for the next step's exchange (late_update.py)."""
+        self.exchange.pack_for_later(self._gradients()[0], visible=visible)
+
     def _rendered_view(self) -> RenderedView:
         """This rank's training view for the screen exchange (its backward stopped at the screen-space splats); the
         model lets go of its screen-space splats (and so of the step's autograd graph)."""
@@ -184,14 +212,18 @@ class ByteSplatPipeline(VanillaPipeline):
                 param.grad = torch.zeros_like(param)
         return [p.grad for p in splat_params], self._other_gradients()
 
-    def _other_gradients(self) -> list[torch.Tensor]:
-        """The gradients of the parameters other than the splats' (camera optimizer, bilateral grid); zeros where
-        this rank's step did not reach one."""
+    def _other_gradient_params(self) -> list[torch.nn.Parameter]:
+        """The parameters other than the splats' (camera optimizer, bilateral grid)."""
         if self._other_params is None:  # the same tensors all run long
             splat_ids = {id(p) for p in self.model.gauss_params.values()}
             groups = self.get_param_groups().values()
             self._other_params = [p for group in groups for p in group if id(p) not in splat_ids]
-        for param in self._other_params:
+        return self._other_params
+
+    def _other_gradients(self) -> list[torch.Tensor]:
+        """The gradients of the parameters other than the splats' (camera optimizer, bilateral grid); zeros where
+        this rank's step did not reach one."""
+        for param in self._other_gradient_params():
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
         return [p.grad for p in self._other_params]

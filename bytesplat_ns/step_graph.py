@@ -30,7 +30,9 @@ all-to-all, sum: grad_compaction.py) between backward and Adam. Its host parts r
 the late read of earlier headers sets the capacity and this step's note goes into a device tensor; after, the
 gathered headers start their copy to the host. The graph is recorded again when a capacity or a residual
 buffer changes, or the exchange turns into a dense all-reduce or back (grad_compaction.py); all follow from the
-gathered counts, so they change at the same step on every rank. Ranks may record at different steps (their
+gathered counts, so they change at the same step on every rank. One step late (late_update.py) the graph holds the
+all-gather and unpack of the step before's rows on a side stream beside the render, then Adam on their mean, then
+the pack of this step's rows. Ranks may record at different steps (their
 binning capacities differ): a recording runs nothing, and every step, replayed or eager, makes the same
 collectives on every rank (the all-gather, after the all-to-all when routed, or the dense all-reduce), so they stay
 matched.
@@ -141,6 +143,7 @@ class StepGraph:
         self.model = trainer.pipeline.model
         self.optimizers = trainer.optimizers
         self.body = body
+        self.late = trainer.late  # one step late: what the recorded step bakes in from it is part of exchange_key
         device = self.model.device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
@@ -179,6 +182,8 @@ class StepGraph:
             return None
         wanted = bins.next(self.model.num_points, bins.tile_size)  # the side of the step before: same resolution
         exchange_key = self.pipeline.begin_exchange(note) if note is not None else None
+        if self.late is not None:
+            exchange_key = (exchange_key, self.late.key())
         if key != self.key or exchange_key != self.exchange_key or wanted > self.bins.capacity:
             self._record(key, camera, batch, rung_above(wanted, bins.granule))
             self.exchange_key = exchange_key

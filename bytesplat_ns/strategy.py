@@ -71,14 +71,21 @@ class ByteSplatStrategy(DefaultStrategy):
             screen = info["radii"] / float(max(info["width"], info["height"]))
             torch.maximum(state["radii"], torch.where(visible, screen, 0.0).amax(dim=0), out=state["radii"])
 
+    def edits_splats_at(self, step: int) -> bool:
+        """Whether `step_post_backward` refines or lowers the opacities at `step`."""
+        return step < self.refine_stop_iter and (self._refines_at(step) or step % self.reset_every == 0)
+
+    def _refines_at(self, step: int) -> bool:
+        refining = step > self.refine_start_iter and step % self.refine_every == 0
+        return refining and step % self.reset_every >= self.pause_refine_after_reset
+
     @torch.no_grad()
     def step_post_backward(self, params, optimizers, state: dict, step: int, info: dict, packed: bool = False) -> None:
         """At refine steps: grow, prune, reset the statistics; every `reset_every` steps: lower the opacities.
         gsplat's schedule and operations; the statistics came in with the step (`accumulate`)."""
         if step >= self.refine_stop_iter:
             return
-        refining = step > self.refine_start_iter and step % self.refine_every == 0
-        if refining and step % self.reset_every >= self.pause_refine_after_reset:
+        if self._refines_at(step):
             n_dupli, n_split = self._grow_gs(params, optimizers, state, step)
             n_prune = self._prune_gs(params, optimizers, state, step)
             if self.verbose:

@@ -42,7 +42,9 @@ from bytesplat_ns import adam_all_groups
 from bytesplat_ns.adam_all_groups import AdamAllGroups
 from bytesplat_ns.cpu_share import pin_to_cpu_share
 from bytesplat_ns.finite_guard import NonFiniteGuard
+from bytesplat_ns.grad_compaction import SparseRowExchange
 from bytesplat_ns.input_checks import BadInputError, check_data_path
+from bytesplat_ns.late_update import LateUpdate
 from bytesplat_ns.model import SplatOutOfMemoryError
 from bytesplat_ns.phase_clock import PhaseClock
 from bytesplat_ns.rank_watchdog import RankWatchdog
@@ -117,6 +119,7 @@ class ByteSplatTrainer(Trainer):
         if world_size > 1:
             self._share_cpus(config, local_rank)
         self.control: RunControl | None = None
+        self.late: LateUpdate | None = None  # one step late (set up with the rest, `setup`)
         self._stop_training = False
         self.watchdog: RankWatchdog | None = None
         if world_size > 1 and self.rank != 0:
@@ -200,6 +203,7 @@ class ByteSplatTrainer(Trainer):
                                      base / f"step_profile{suffix}.json", trace)  # fmt: skip
         self._time_iterations()
         self._setup_adam()
+        self.late = self._one_step_late()
         if self.pipeline.exchanges_screen and (self.mixed_precision or self.accumulates_gradients):
             _exit(
                 "--pipeline.exchange screen sets the splats' gradients anew each step: it trains without mixed "
@@ -211,6 +215,18 @@ class ByteSplatTrainer(Trainer):
         self.stop_requested = False
         self.heldout_psnr: float | None = None
         self.startup_marks["setup"] = time.time()
+
+    def _one_step_late(self) -> LateUpdate | None:
+        """With --pipeline.exchange-one-step-late True and several ranks, the late update (late_update.py)."""
+        exchange = self.pipeline.exchange
+        if not (isinstance(exchange, SparseRowExchange) and exchange.one_step_late):
+            return None
+        if self.mixed_precision or self.accumulates_gradients:
+            _exit(
+                "--pipeline.exchange-one-step-late True applies each step's averaged gradients at the next step: it "
+                "trains without mixed precision and gradient accumulation. Drop those options or the late exchange."
+            )
+        return LateUpdate(exchange)
 
     def _say_why_op_by_op(self) -> None:
         """On CUDA, unless asked for (--cuda-graph False): say at start-up that the step will not be replayed, and
@@ -288,10 +304,14 @@ class ByteSplatTrainer(Trainer):
         clock = self.stats.phase_clock()
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
-            self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
+            restored = self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
+            if restored and self.late is not None:
+                self.late.drop_pending()  # rows of the bad steps, on every rank alike
         camera, batch = self.pipeline.datamanager.next_train(step)
         if self.adam is not None:
             self.adam.load_learning_rates()  # what the schedulers set last step, for the eager and replayed steps
+        if self.late is not None:
+            self.late.prepare(list(self.pipeline.model.gauss_params.values()))
         note = self.control.note() if self.control is not None else None
         replayed = self.step_graph.run(step, camera, batch, note) if self.step_graph is not None else None
         if replayed is not None:
@@ -311,6 +331,10 @@ class ByteSplatTrainer(Trainer):
             optimizers.scheduler_step_all(step)
         clock.lap("optimizer")
         self.stats.add_exchange(exchange)
+        if self.late is not None:
+            self.late.pending = True  # this step's rows, packed
+            if self.pipeline.model.strategy.edits_splats_at(step):  # the callbacks refine or reset next
+                self._apply_pending(step)
         return self.log_values(step, loss, loss_dict, metrics_dict)
 
     def _stepping(self, step: int) -> list[str]:
@@ -320,8 +344,14 @@ class ByteSplatTrainer(Trainer):
     def _update(self, step: int, camera, batch: dict, clock: PhaseClock, guard_step: Tensor | None = None):
         """Forward, backward, gradient exchange (several ranks), non-finite guard and optimizer step of one
         camera: -> (loss, loss_dict, metrics_dict, exchange stats or None). Recorded as the step graph's body
-        (step_graph.py) with `guard_step`, the step number on the device."""
-        optimizers = self.optimizers
+        (step_graph.py) with `guard_step`, the step number on the device. One step late (late_update.py), the
+        exchange and the optimizer step are the step before's, and this step's rows are packed for the next."""
+        late, eager = self.late, guard_step is None
+        if late is not None:
+            if eager:  # replayed: the step graph runs the exchange's host parts around the replay
+                self.pipeline.begin_exchange(self.control.note())
+            late.gather()  # beside the render, when replayed
+            clock.lap("exchange")
         device_type = "cpu" if self.device.split(":")[0] in ("cpu", "mps") else "cuda"
         with torch.autocast(device_type=device_type, enabled=self.mixed_precision):
             _, loss_dict, metrics_dict = self.pipeline.train_loss_dict(camera, batch)
@@ -333,28 +363,77 @@ class ByteSplatTrainer(Trainer):
             self.grad_scaler.scale(loss).backward()
         self.pipeline.model.accumulate_densification_statistics()
         clock.lap("backward")
+        if late is not None:
+            return (loss, loss_dict, metrics_dict, self._update_one_step_late(step, guard_step, clock))
         guarded_loss, exchange = loss, None
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
             visible = self._visible_rows()
-            if guard_step is None:
+            if eager:
                 exchange = self.pipeline.average_gradients(note=self.control.note(), visible=visible)
                 self.control.agree(exchange.notes)
             else:  # recording the step graph: the exchange's host parts run around each replay (StepGraph.run)
                 self.pipeline.exchange_rows(visible)
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
             clock.lap("exchange")
+        self._step_optimizers(step, guard_step, guarded_loss)
+        return loss, loss_dict, metrics_dict, exchange
+
+    def _update_one_step_late(self, step: int, guard_step: Tensor | None, clock: PhaseClock):
+        """After this step's backward, one step late: the step before's averaged gradients (if any) through the guard
+        and the optimizers, this step's rows packed for the next. -> the exchange stats when run op by op."""
+        late, params = self.late, list(self.pipeline.model.gauss_params.values())
+        late.join()
+        clock.lap("exchange")
+        guarded_loss = torch.zeros((), device=params[0].device)  # the averaged gradients are judged
+        with late.as_gradients(params):
+            if guard_step is not None:  # replayed: Adam skips unless this step's averaged gradients are a step's
+                self._step_optimizers(step, guard_step, guarded_loss, skip=~late.applies)
+            elif late.pending:
+                self._step_optimizers(step, guard_step, guarded_loss)
+        clock.lap("optimizer")
+        self.pipeline.pack_for_later(self._visible_rows())
+        clock.lap("exchange")
+        if guard_step is not None:
+            return None
+        exchange = self.pipeline.end_exchange()
+        self.control.agree(exchange.notes)
+        return exchange
+
+    def _step_optimizers(self, step: int, guard_step: Tensor | None, guarded_loss: Tensor,
+                         skip: Tensor | None = None) -> None:  # fmt: skip
+        """The non-finite guard, then the optimizer step of the gradients the parameters hold. `skip`: [] bool on the
+        device, True: the one-launch Adam changes nothing (it must be the one stepping)."""
+        optimizers = self.optimizers
         stepping = self._stepping(step)
         one_launch = self.adam is not None and len(stepping) == len(optimizers.optimizers)
+        if skip is not None and not one_launch:
+            raise RuntimeError("A skip flag needs the one-launch Adam stepping every group.")
         bad = None
         if self.guard.check_every > 0:  # the one-launch Adam skips a bad step on the flag; others get zeroed grads
             bad = self.guard.after_backward(step if guard_step is None else guard_step, guarded_loss,
                                             optimizers.optimizers, zero_bad_grads=not one_launch)  # fmt: skip
+        if skip is not None:
+            bad = skip if bad is None else bad | skip
         if one_launch:
             info = self.pipeline.model.info
             self.adam.step(info.get("radii") if info else None, skip=bad)
         else:
             optimizers.optimizer_scaler_step_some(self.grad_scaler, stepping)
-        return loss, loss_dict, metrics_dict, exchange
+
+    def _apply_pending(self, step: int) -> None:
+        """One step late, on every rank at the same step: apply the packed rows now (before a refine or opacity reset,
+        a checkpoint, the end of training: late_update.py). Nothing (no collective) when none are pending."""
+        late = self.late
+        if late is None or not late.pending:
+            return
+        params = list(self.pipeline.model.gauss_params.values())
+        late.prepare(params)
+        self.pipeline.begin_exchange(self.control.note())  # an exchange like a step's, its notes agreed on
+        late.gather()
+        self.control.agree(self.pipeline.end_exchange().notes)
+        with late.as_gradients(params):
+            self._step_optimizers(step, None, torch.zeros((), device=params[0].device))
+        late.pending = False
 
     @property
     def accumulates_gradients(self) -> bool:
@@ -437,7 +516,9 @@ class ByteSplatTrainer(Trainer):
         )
 
     def save_checkpoint(self, step: int) -> None:
-        """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename. Rank 0 only."""
+        """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename. Rank 0 only (every rank applies
+        its pending gradients first, one step late)."""
+        self._apply_pending(step)
         if not self.is_main:
             return
         self.stats.saved_unix[step] = time.time()
@@ -474,6 +555,7 @@ class ByteSplatTrainer(Trainer):
     def _after_train(self) -> None:
         if self.stop_training and self.step > self._start_step:
             self.step -= 1  # the loop stopped before running this step
+        self._apply_pending(self.step)  # every rank, before rank 0 evaluates and saves
         if not self.is_main:
             return
         if self.config.summary_eval and self.pipeline.datamanager.eval_dataset:

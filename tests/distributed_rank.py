@@ -2,9 +2,10 @@
 
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
-[--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--match-view-costs]`. Each rank
-trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat count after every step, the training
-camera it drew at every step, its final parameters and its step graph's counts.
+[--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--match-view-costs]
+[--one-step-late]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat count after
+every step, the training camera it drew at every step, its final parameters and its step graph's counts (one step
+late: whether rows were pending after each step).
 --cuda: NCCL, GPU RANK, a white background (the default CUDA path: fused renderer, step graph).
 --half-exchange: float16 values in the gradient exchange. The test scene's few hundred splats are mostly in every
 view, so with float32 values the compacted rows would outweigh a dense all-reduce and every exchange is that
@@ -12,6 +13,7 @@ all-reduce (grad_compaction.py); float16 rows are half as large, so the exchange
 --route-from N: route the exchange's rows to owner ranks from N ranks on (--pipeline.exchange-all-to-all-from).
 --exchange KIND: --pipeline.exchange (compact by default; screen: screen_exchange.py).
 --match-view-costs: matched draws (--pipeline.datamanager.match-view-costs True, datamanager.py).
+--one-step-late: each step's averaged gradients applied at the next (--pipeline.exchange-one-step-late True).
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def rank_config(root: Path, views: int, load_dir: Path | None = None):
 def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, signal_at: tuple[int, int] | None = None,
              load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False,
              half_exchange: bool = False, route_from: int | None = None,
-             exchange: str = "compact", match_view_costs: bool = False) -> None:  # fmt: skip
+             exchange: str = "compact", match_view_costs: bool = False,
+             one_step_late: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
     SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S after
     the ranks agreed to pause."""
@@ -70,6 +73,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     config.pipeline.half_precision_exchange = half_exchange
     config.pipeline.exchange = exchange
     config.pipeline.datamanager.match_view_costs = match_view_costs
+    config.pipeline.exchange_one_step_late = one_step_late
     if route_from is not None:
         config.pipeline.exchange_all_to_all_from = route_from
     if cuda:
@@ -86,6 +90,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     model = trainer.pipeline.model
     model.strategy.verbose = False
     drawn: list[int] = []
+    pending: list[tuple[bool, bool]] = []  # one step late: (rows pending after the step, the step edited the splats)
     datamanager = trainer.pipeline.datamanager
     next_train = datamanager.next_train
 
@@ -100,6 +105,8 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
         counts.append(model.num_points)
         times.append(time.monotonic())
         resumes.append(trainer.control.resumes if trainer.control else 0)
+        if trainer.late is not None:
+            pending.append((trainer.late.pending, model.strategy.edits_splats_at(step)))
         if rank == 0 and step == pause_at:
             trainer.training_state = "paused"  # what the viewer's pause button does
         if rank == 0 and pause_at is not None and not resume and trainer.control.agreed_state == "paused":
@@ -116,6 +123,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     record = {
         "counts": counts,
         "drawn": drawn,
+        "pending": pending,
         "times": times,
         "resumes": resumes,
         "params": params,
@@ -144,10 +152,12 @@ def main() -> None:
     parser.add_argument("--route-from", type=int, default=None)
     parser.add_argument("--exchange", default="compact")
     parser.add_argument("--match-view-costs", action="store_true")
+    parser.add_argument("--one-step-late", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
     run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
-             args.cuda, args.half_exchange, args.route_from, args.exchange, args.match_view_costs)  # fmt: skip
+             args.cuda, args.half_exchange, args.route_from, args.exchange, args.match_view_costs,
+             args.one_step_late)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -145,6 +145,18 @@ def test_two_ranks_exchanging_screen_gradients_stay_identical(tmp_path):
     assert 0 < stats["exchange_sent_bytes"] < 0.2 * stats["exchange_dense_bytes"]
 
 
+def test_two_ranks_one_step_late_stay_identical(tmp_path):
+    """Each step's averaged gradients applied at the next step (late_update.py) through the same training, refines
+    and opacity resets renumbering and editing the splats (the packed rows applied before each), a checkpoint at the
+    end: equal splat counts after every step, equal parameters at the end, compacted rows every step."""
+    finish(start_ranks(tmp_path, 2, "--views", str(VIEWS), "--one-step-late"))
+    stats = identical_ranks_stats(tmp_path)
+    assert stats["exchange_dense_steps"] == 0 and stats["exchange_sent_bytes"] > 0
+    pending = torch.load(tmp_path / "rank0.pt")["pending"]
+    assert len(pending) == VIEWS // 2 and any(edits for _, edits in pending) and not all(p for p, _ in pending)
+    assert all(rows != edits for rows, edits in pending), pending  # applied before the callbacks edit the splats
+
+
 def test_two_ranks_with_matched_draws_stay_in_step_and_identical(tmp_path):
     """Matched draws (datamanager.py): every rank's epoch is ceil(7 / 2) = 4 draws covering its shard (the shard of 3
     draws one camera twice), so the ranks' epochs stay aligned; the ranks stay identical. (On the CPU the renderer

@@ -1,0 +1,100 @@
+"""One step late: each step's averaged splat gradients update the splats at the next step, so that their exchange
+runs beside the next step's render instead of after its own (--pipeline.exchange-one-step-late True, several GPUs).
+
+With the exchange in its step, a two-GPU step is the render, then the exchange (pack, all-gather, unpack), then
+Adam: on a 2M-splat room the exchange added some 1.6 ms to a 4.8 ms step (benchmarks/RESULTS.md, thirty-eighth
+session). One step late, a step t
+1. starts the exchange of step t - 1's packed rows (all-gather, unpack into `averaged`: the mean over the ranks);
+   replayed from the step graph this runs on a side stream, beside 2.-3.;
+2. renders its own view and backpropagates into the parameters' gradients;
+3. waits for 1., then runs the non-finite guard and Adam on `averaged` (skipped when 1. carried no step's rows);
+4. packs its own gradient rows for step t + 1 (SparseRowExchange.pack_for_later).
+So the splats step t renders have been updated with the gradients up to step t - 2: every gradient is applied one
+step later than with the exchange in its step, on every rank alike (the ranks stay identical). What that costs in
+held-out PSNR is measured, not assumed (benchmarks/RESULTS.md); off by default until it holds quality.
+
+The packed rows are applied before anything reads or edits the splats as a whole on every rank (`apply_pending`,
+the trainer calls it): before a refine or opacity reset (the rows name splats by their index, which densification
+changes), before a checkpoint is written (a resumed run starts from every gradient applied) and when training ends.
+A rank-0-only evaluation during training sees the splats before the last step's gradients. After a non-finite
+restore the packed rows are dropped (`drop_pending`).
+
+Every step, eager or replayed, makes the same one all-gather on every rank (of an empty buffer after
+`apply_pending` or `drop_pending`), so ranks that record their step graphs at different steps stay matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.grad_compaction import SparseRowExchange
+
+
+class LateUpdate:
+    """The averaged gradients of the step before and whether they are a step's (see the module docstring)."""
+
+    def __init__(self, exchange: SparseRowExchange) -> None:
+        if not exchange.one_step_late:
+            raise ValueError("LateUpdate needs a SparseRowExchange made with one_step_late=True.")
+        self.exchange = exchange
+        self.pending = False
+        """Host: the packed buffer holds a step's rows not yet applied (the same on every rank)."""
+        self.averaged: list[Tensor] = []
+        """[N, ...] per splat parameter: the mean over the ranks of the rows the last `gather` received."""
+        self.applies: Tensor | None = None
+        """[] bool on the device: this step's `averaged` carries a step's rows (what a replayed step reads)."""
+        self._side: torch.cuda.Stream | None = None
+        self._forked = False
+
+    def prepare(self, params: list[Tensor]) -> None:
+        """Host, before each step: `averaged` shaped as `params` (new zeros after densification), `applies` set."""
+        if [a.shape for a in self.averaged] != [p.shape for p in params] or self.averaged[0].device != params[0].device:
+            self.averaged = [torch.zeros_like(p) for p in params]
+        if self.applies is None or self.applies.device != params[0].device:
+            self.applies = torch.zeros((), dtype=torch.bool, device=params[0].device)
+        self.applies.fill_(self.pending)
+
+    def key(self) -> tuple:
+        """What a recorded step bakes in from here: the addresses of `averaged`."""
+        return tuple(a.data_ptr() for a in self.averaged)
+
+    def gather(self) -> None:
+        """Step 1 (module docstring): the step before's rows into `averaged`. While the step graph records, on a
+        side stream that the graph runs beside the render (`join` waits for it)."""
+        if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
+            self.exchange.gather_packed(self.averaged)
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self.averaged[0].device)
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            self.exchange.gather_packed(self.averaged)
+        self._forked = True
+
+    def join(self) -> None:
+        """Wait (on the device) for `gather`'s side stream."""
+        if self._forked:
+            torch.cuda.current_stream().wait_stream(self._side)
+            self._forked = False
+
+    @contextmanager
+    def as_gradients(self, params: list[Tensor]) -> Iterator[None]:
+        """Within: each of `params`' .grad is its `averaged` (what the guard and Adam read); after: the step's own
+        gradients again (what `pack_for_later` reads)."""
+        own = [p.grad for p in params]
+        for param, averaged in zip(params, self.averaged):
+            param.grad = averaged
+        try:
+            yield
+        finally:
+            for param, grad in zip(params, own):
+                param.grad = grad
+
+    def drop_pending(self) -> None:
+        """Forget the packed rows (after a non-finite restore), on every rank alike."""
+        self.exchange.mark_packed_sent()
+        self.pending = False
