@@ -3,9 +3,9 @@
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
 [--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--match-view-costs]
-[--one-step-late]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt: its splat count after
-every step, the training camera it drew at every step, its final parameters and its step graph's counts (one step
-late: whether rows were pending after each step).
+[--one-step-late] [--alone-as-rank-0-of-2]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt:
+its splat count after every step, the training camera it drew at every step, its final parameters and its step
+graph's counts (one step late: whether rows were pending after each step).
 --cuda: NCCL, GPU RANK, a white background (the default CUDA path: fused renderer, step graph).
 --half-exchange: float16 values in the gradient exchange. The test scene's few hundred splats are mostly in every
 view, so with float32 values the compacted rows would outweigh a dense all-reduce and every exchange is that
@@ -14,11 +14,15 @@ all-reduce (grad_compaction.py); float16 rows are half as large, so the exchange
 --exchange KIND: --pipeline.exchange (compact by default; screen: screen_exchange.py).
 --match-view-costs: matched draws (--pipeline.datamanager.match-view-costs True, datamanager.py).
 --one-step-late: each step's averaged gradients applied at the next (--pipeline.exchange-one-step-late True).
+--alone-as-rank-0-of-2: WORLD must be 1; the trainer is set up as rank 0 of two (two views' schedule, half the
+cameras, the exchange) in a process group of this process alone, as benchmarks/lone_rank.py runs it: what a
+rank's own step does with several GPUs, on one GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import threading
 import time
@@ -28,7 +32,9 @@ import torch
 import torch.distributed as dist
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
 
+from bytesplat_ns import trainer as trainer_module
 from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
+from bytesplat_ns.rank_watchdog import RankWatchdog
 from tests.trainer_setup import cpu_config
 
 PAUSE_S = 4.0
@@ -63,7 +69,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
              load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False,
              half_exchange: bool = False, route_from: int | None = None,
              exchange: str = "compact", match_view_costs: bool = False,
-             one_step_late: bool = False) -> None:  # fmt: skip
+             one_step_late: bool = False, alone_as_rank_0_of_2: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
     SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S after
     the ranks agreed to pause."""
@@ -81,6 +87,10 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
         config.pipeline.model.background_color = "white"
         config.pipeline.model.stop_split_at = views // 2  # then steady steps: the step graph replays
         config.cuda_graph_several_gpus = True
+    if alone_as_rank_0_of_2:
+        assert world == 1, "--alone-as-rank-0-of-2 runs one process"
+        trainer_module.RankWatchdog = functools.partial(RankWatchdog, silent_after_s=float("inf"))  # no rank 1
+        world = 2
     trainer = config.setup(local_rank=rank, world_size=world)
     trainer.setup()
     counts: list[int] = []
@@ -153,11 +163,12 @@ def main() -> None:
     parser.add_argument("--exchange", default="compact")
     parser.add_argument("--match-view-costs", action="store_true")
     parser.add_argument("--one-step-late", action="store_true")
+    parser.add_argument("--alone-as-rank-0-of-2", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
     run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
              args.cuda, args.half_exchange, args.route_from, args.exchange, args.match_view_costs,
-             args.one_step_late)  # fmt: skip
+             args.one_step_late, args.alone_as_rank_0_of_2)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -260,18 +260,37 @@ def test_views_per_step_rule():
     assert resumed_start_step(100, 2, 4) == 50 and resumed_start_step(100, 4, 1) == 400
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the step graph needs a CUDA GPU")
+def test_a_lone_rank_replays_its_steps_one_step_late(tmp_path):
+    """One GPU standing in for rank 0 of two (tests/distributed_rank.py), one step late: its steps replayed from the
+    step graph (the gather of the step before's rows on a side stream beside the render), the packed rows applied
+    before every refine and opacity reset, finite parameters."""
+    views = 400  # refines until view 200, then steady steps
+    finish(start_ranks(tmp_path, 1, "--views", str(views), "--cuda", "--one-step-late", "--alone-as-rank-0-of-2"))
+    record = torch.load(tmp_path / "rank0.pt")
+    assert record["graph_off"] is None
+    captures, replays = record["graph"]
+    assert replays >= views // 4, record["graph"]
+    assert len(set(record["counts"])) > 1, "no refine changed the splat count"
+    assert all(rows != edits for rows, edits in record["pending"]), record["pending"]
+    for name, param in record["params"].items():
+        assert torch.isfinite(param).all(), name
+
+
 @pytest.mark.two_gpus
-@pytest.mark.parametrize("values", ["float32", "float16", "float16-routed", "screen"])
+@pytest.mark.parametrize("values", ["float32", "float16", "float16-routed", "screen", "one-step-late"])
 def test_two_gpus_replay_the_step_graph_and_stay_identical(tmp_path, values):
     """On GPUs each rank replays its step, the exchange inside, as a CUDA graph (step_graph.py): the splat counts are
     equal after every step and the parameters at the end, as op by op. With float32 values the test scene's
     exchange is a dense all-reduce, with float16 compacted rows (distributed_rank.py), all-gathered or routed to
-    owners (NCCL all-to-all in the graph); or the screen exchange (each rank backpropagates every view)."""
+    owners (NCCL all-to-all in the graph); or the screen exchange (each rank backpropagates every view); or one step
+    late (float32 compacted rows, gathered on a side stream beside the next step's render)."""
     views = 400  # refines until view 200, then steady steps
     half = ["--half-exchange"] if values.startswith("float16") else []
     routed = ["--route-from", "2"] if values.endswith("routed") else []
     screen = ["--exchange", "screen"] if values == "screen" else []
-    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda", *half, *routed, *screen))
+    late = ["--one-step-late"] if values == "one-step-late" else []
+    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda", *half, *routed, *screen, *late))
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for record in records:
         assert record["graph_off"] is None
