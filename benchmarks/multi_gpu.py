@@ -10,8 +10,8 @@ exchange bytes on a 2M-splat room.
    by the compacted exchange (fp32 and fp16 values) and by a dense NCCL all-reduce: bytes and time of each.
 3. with --room-views: the same as 1 on the built-in generator's room at 1920x1080 with 2M splats (scaling_runs.py),
    a scene whose step is bound by the GPU and whose views each see a part of it.
---exchanges compact screen: one 2-GPU run per seed with each exchange (grad_compaction.py, screen_exchange.py), the
-summary of each in `by_exchange`.
+--exchanges compact late screen: one 2-GPU run per seed with each exchange (grad_compaction.py, late: compact with
+--pipeline.exchange-one-step-late True, late_update.py; screen_exchange.py), the summary of each in `by_exchange`.
 Writes benchmarks/results/multi_gpu.json (or --json) and prints a table last. Run there:
     python benchmarks/multi_gpu.py --data .device-kit/data/lego --views 7000 --seeds 42 43 [--room-views 2000]
 and more seeds in a later call with --add-to <that JSON>.
@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scaling_runs import (  # noqa: E402
+    EXCHANGES,
     ROOM_DESCRIPTION,
     TrainScene,
     finish_run,
@@ -226,7 +227,7 @@ def main() -> None:
     parser.add_argument("--room-dir", type=Path, default=Path("/tmp/room-scene"),
                         help="where the room is generated (once; an existing one is used)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="lego: one 2-GPU and one 1-GPU run each")
-    parser.add_argument("--exchanges", nargs="+", default=["compact"], choices=["compact", "screen", "dense"],
+    parser.add_argument("--exchanges", nargs="+", default=["compact"], choices=EXCHANGES,
                         help="the 2-GPU runs' --pipeline.exchange: one 2-GPU run per seed for each")  # fmt: skip
     parser.add_argument("--gpus", type=int, nargs="+", default=[2, 1], choices=[1, 2],
                         help="which runs each seed gets: 2 and 1 GPU (both), or one of them (with --add-to, the runs "

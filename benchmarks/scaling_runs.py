@@ -80,6 +80,17 @@ class TrainJob:
     views: int
 
 
+EXCHANGES = ("compact", "late", "screen", "dense")
+"""--pipeline.exchange of a several-GPU run, or late: compact with --pipeline.exchange-one-step-late True."""
+
+
+def exchange_options(exchange: str) -> list[str]:
+    """The ns-train options of one of EXCHANGES."""
+    if exchange == "late":
+        return ["--pipeline.exchange", "compact", "--pipeline.exchange-one-step-late", "True"]
+    return ["--pipeline.exchange", exchange]
+
+
 def start_run(scene: TrainScene, views: int, gpus: int, out: Path, name: str, exchange: str = "compact",
               profile_steps: int = 0, extra: list[str] = (), env: dict | None = None,
               launcher: tuple[str, ...] = ()) -> TrainJob:  # fmt: skip
@@ -88,7 +99,7 @@ def start_run(scene: TrainScene, views: int, gpus: int, out: Path, name: str, ex
     cmd = [
         *launcher, "ns-train", "bytesplat", "--data", str(scene.data), "--max-num-iterations", str(views),
         "--machine.num-devices", str(gpus), "--output-dir", str(out), "--experiment-name", scene.name,
-        "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", "--pipeline.exchange", exchange,
+        "--timestamp", name, "--vis", "tensorboard", "--steps-per-eval-image", "0", *exchange_options(exchange),
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(views),
         "--profile-steps", str(profile_steps), "--profile-start", str(views // 2), *scene.options, *extra,
         scene.dataparser,
