@@ -4,17 +4,17 @@ runs beside the next step's render instead of after its own (--pipeline.exchange
 With the exchange in its step, a two-GPU step is the render, then the exchange (pack, all-gather, unpack), then
 Adam: on a 2M-splat room the exchange added some 1.6 ms to a 4.8 ms step (benchmarks/RESULTS.md, thirty-eighth
 session). One step late, a step t
-1. starts the exchange of step t - 1's packed rows (all-gather, unpack into `averaged`: the mean over the ranks);
-   replayed from the step graph this runs on a side stream, beside 2.-3.;
+1. starts the exchange of step t - 1's packed rows (all-gather, unpack into `averaged`: the mean over the ranks)
+   and the non-finite guard's judgement of them; replayed from the step graph this runs on a side stream, beside 2.;
 2. renders its own view and backpropagates into the parameters' gradients;
-3. waits for 1., then runs the non-finite guard and Adam on `averaged` (skipped when 1. carried no step's rows);
+3. waits for 1., then runs Adam on `averaged` (skipped when 1. carried no step's rows, or the guard found them bad);
 4. packs its own gradient rows for step t + 1 (SparseRowExchange.pack_for_later).
 So the splats step t renders have been updated with the gradients up to step t - 2: every gradient is applied one
 step later than with the exchange in its step, on every rank alike (the ranks stay identical). What that costs in
 held-out PSNR is measured, not assumed (benchmarks/RESULTS.md); off by default until it holds quality.
 
-The packed rows are applied before anything reads or edits the splats as a whole on every rank (`apply_pending`,
-the trainer calls it): before a refine or opacity reset (the rows name splats by their index, which densification
+The packed rows are applied before anything reads or edits the splats as a whole on every rank (the trainer's
+`_apply_pending`): before a refine or opacity reset (the rows name splats by their index, which densification
 changes), before a checkpoint is written (a resumed run starts from every gradient applied) and when training ends.
 A rank-0-only evaluation during training sees the splats before the last step's gradients. After a non-finite
 restore the packed rows are dropped (`drop_pending`).
@@ -25,13 +25,16 @@ Every step, eager or replayed, makes the same one all-gather on every rank (of a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from bytesplat_ns.grad_compaction import SparseRowExchange
+
+T = TypeVar("T")
 
 
 class LateUpdate:
@@ -62,18 +65,21 @@ class LateUpdate:
         """What a recorded step bakes in from here: the addresses of `averaged`."""
         return tuple(a.data_ptr() for a in self.averaged)
 
-    def gather(self) -> None:
-        """Step 1 (module docstring): the step before's rows into `averaged`. While the step graph records, on a
-        side stream that the graph runs beside the render (`join` waits for it)."""
+    def gather(self, then: Callable[[], T] | None = None) -> T | None:
+        """Step 1 (module docstring): the step before's rows into `averaged`, then `then()` (the non-finite guard's
+        judgement of them). While the step graph records, on a side stream that the graph runs beside the render
+        (`join` waits for it). -> what `then` returned."""
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             self.exchange.gather_packed(self.averaged)
-            return
+            return then() if then is not None else None
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.averaged[0].device)
         self._side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._side):
             self.exchange.gather_packed(self.averaged)
+            result = then() if then is not None else None
         self._forked = True
+        return result
 
     def join(self) -> None:
         """Wait (on the device) for `gather`'s side stream."""

@@ -345,12 +345,14 @@ class ByteSplatTrainer(Trainer):
         """Forward, backward, gradient exchange (several ranks), non-finite guard and optimizer step of one
         camera: -> (loss, loss_dict, metrics_dict, exchange stats or None). Recorded as the step graph's body
         (step_graph.py) with `guard_step`, the step number on the device. One step late (late_update.py), the
-        exchange and the optimizer step are the step before's, and this step's rows are packed for the next."""
+        exchange, the guard and the optimizer step are the step before's, and this step's rows are packed for the
+        next."""
         late, eager = self.late, guard_step is None
+        judged = None
         if late is not None:
             if eager:  # replayed: the step graph runs the exchange's host parts around the replay
                 self.pipeline.begin_exchange(self.control.note())
-            late.gather()  # beside the render, when replayed
+            judged = late.gather(then=lambda: self._judge_averaged(step, guard_step))  # beside the render, replayed
             clock.lap("exchange")
         device_type = "cpu" if self.device.split(":")[0] in ("cpu", "mps") else "cuda"
         with torch.autocast(device_type=device_type, enabled=self.mixed_precision):
@@ -364,7 +366,7 @@ class ByteSplatTrainer(Trainer):
         self.pipeline.model.accumulate_densification_statistics()
         clock.lap("backward")
         if late is not None:
-            return (loss, loss_dict, metrics_dict, self._update_one_step_late(step, guard_step, clock))
+            return (loss, loss_dict, metrics_dict, self._update_one_step_late(step, guard_step, judged, clock))
         guarded_loss, exchange = loss, None
         if self.control is not None:  # several ranks: average the gradients, agree on pause/stop
             visible = self._visible_rows()
@@ -375,21 +377,21 @@ class ByteSplatTrainer(Trainer):
                 self.pipeline.exchange_rows(visible)
             guarded_loss = loss.detach().new_zeros(())  # judge the averaged gradients, the same on every rank
             clock.lap("exchange")
-        self._step_optimizers(step, guard_step, guarded_loss)
+        self._step_optimizers(step, self._judge(step, guard_step, guarded_loss))
         return loss, loss_dict, metrics_dict, exchange
 
-    def _update_one_step_late(self, step: int, guard_step: Tensor | None, clock: PhaseClock):
-        """After this step's backward, one step late: the step before's averaged gradients (if any) through the guard
-        and the optimizers, this step's rows packed for the next. -> the exchange stats when run op by op."""
+    def _update_one_step_late(self, step: int, guard_step: Tensor | None, judged: Tensor | None, clock: PhaseClock):
+        """After this step's backward, one step late: the optimizer step of the step before's averaged gradients (if
+        they are a step's; `judged`: the guard's flag of them), this step's rows packed for the next. -> the exchange
+        stats when run op by op."""
         late, params = self.late, list(self.pipeline.model.gauss_params.values())
         late.join()
         clock.lap("exchange")
-        guarded_loss = torch.zeros((), device=params[0].device)  # the averaged gradients are judged
         with late.as_gradients(params):
             if guard_step is not None:  # replayed: Adam skips unless this step's averaged gradients are a step's
-                self._step_optimizers(step, guard_step, guarded_loss, skip=~late.applies)
+                self._step_optimizers(step, ~late.applies if judged is None else judged | ~late.applies)
             elif late.pending:
-                self._step_optimizers(step, guard_step, guarded_loss)
+                self._step_optimizers(step, judged)
         clock.lap("optimizer")
         self.pipeline.pack_for_later(self._visible_rows())
         clock.lap("exchange")
@@ -399,26 +401,33 @@ class ByteSplatTrainer(Trainer):
         self.control.agree(exchange.notes)
         return exchange
 
-    def _step_optimizers(self, step: int, guard_step: Tensor | None, guarded_loss: Tensor,
-                         skip: Tensor | None = None) -> None:  # fmt: skip
-        """The non-finite guard, then the optimizer step of the gradients the parameters hold. `skip`: [] bool on the
-        device, True: the one-launch Adam changes nothing (it must be the one stepping)."""
-        optimizers = self.optimizers
-        stepping = self._stepping(step)
-        one_launch = self.adam is not None and len(stepping) == len(optimizers.optimizers)
-        if skip is not None and not one_launch:
-            raise RuntimeError("A skip flag needs the one-launch Adam stepping every group.")
-        bad = None
-        if self.guard.check_every > 0:  # the one-launch Adam skips a bad step on the flag; others get zeroed grads
-            bad = self.guard.after_backward(step if guard_step is None else guard_step, guarded_loss,
-                                            optimizers.optimizers, zero_bad_grads=not one_launch)  # fmt: skip
-        if skip is not None:
-            bad = skip if bad is None else bad | skip
-        if one_launch:
+    def _judge_averaged(self, step: int, guard_step: Tensor | None) -> Tensor | None:
+        """One step late: the guard's flag of the averaged gradients (`_judge`)."""
+        params = list(self.pipeline.model.gauss_params.values())
+        with self.late.as_gradients(params):
+            return self._judge(step, guard_step, torch.zeros((), device=params[0].device))
+
+    def _judge(self, step: int, guard_step: Tensor | None, loss: Tensor) -> Tensor | None:
+        """The non-finite guard on `loss` and the gradients the parameters hold: -> [] bool on the device, True for a
+        bad step (None: the guard is off). A bad step's gradients are zeroed unless the one-launch Adam steps: it
+        skips on the flag."""
+        if self.guard.check_every <= 0:
+            return None
+        return self.guard.after_backward(step if guard_step is None else guard_step, loss, self.optimizers.optimizers,
+                                         zero_bad_grads=not self._one_launch(step))  # fmt: skip
+
+    def _one_launch(self, step: int) -> bool:
+        """Whether the one-launch Adam steps at `step` (every group steps; no gradient accumulation between)."""
+        return self.adam is not None and len(self._stepping(step)) == len(self.optimizers.optimizers)
+
+    def _step_optimizers(self, step: int, skip: Tensor | None) -> None:
+        """The optimizer step of the gradients the parameters hold. `skip`: [] bool on the device, True: the one-launch
+        Adam changes nothing (other optimizers step on the gradients the guard zeroed)."""
+        if self._one_launch(step):
             info = self.pipeline.model.info
-            self.adam.step(info.get("radii") if info else None, skip=bad)
+            self.adam.step(info.get("radii") if info else None, skip=skip)
         else:
-            optimizers.optimizer_scaler_step_some(self.grad_scaler, stepping)
+            self.optimizers.optimizer_scaler_step_some(self.grad_scaler, self._stepping(step))
 
     def _apply_pending(self, step: int) -> None:
         """One step late, on every rank at the same step: apply the packed rows now (before a refine or opacity reset,
@@ -429,10 +438,10 @@ class ByteSplatTrainer(Trainer):
         params = list(self.pipeline.model.gauss_params.values())
         late.prepare(params)
         self.pipeline.begin_exchange(self.control.note())  # an exchange like a step's, its notes agreed on
-        late.gather()
+        judged = late.gather(then=lambda: self._judge_averaged(step, None))
         self.control.agree(self.pipeline.end_exchange().notes)
         with late.as_gradients(params):
-            self._step_optimizers(step, None, torch.zeros((), device=params[0].device))
+            self._step_optimizers(step, judged)
         late.pending = False
 
     @property
