@@ -60,6 +60,8 @@ class LateUpdate:
         if self.applies is None or self.applies.device != params[0].device:
             self.applies = torch.zeros((), dtype=torch.bool, device=params[0].device)
         self.applies.fill_(self.pending)
+        if self._side is None and params[0].is_cuda:  # made here: not while a recording is under way
+            self._side = torch.cuda.Stream(device=params[0].device)
 
     def key(self) -> tuple:
         """What a recorded step bakes in from here: the addresses of `averaged`."""
@@ -72,8 +74,6 @@ class LateUpdate:
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             self.exchange.gather_packed(self.averaged)
             return then() if then is not None else None
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=self.averaged[0].device)
         self._side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._side):
             self.exchange.gather_packed(self.averaged)
