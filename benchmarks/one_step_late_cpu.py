@@ -1,0 +1,98 @@
+"""One step late against the exchange in its step, on the CPU (issue #4): what applying each step's averaged
+gradients at the next step (--pipeline.exchange-one-step-late True, late_update.py) does to held-out PSNR.
+
+Two gloo processes (one core each) train the built-in scene (128x128, 48 training and 8 held-out views) with the
+compacted exchange, once with the gradients applied in their step and once one step late, for each seed; rank 0
+evaluates the held-out views at the end (the trainer's summary evaluation). A small scene on CPUs, so an indication
+of the quality cost, not the lego or room figure (those need the GPUs: benchmarks/multi_gpu.py --exchanges compact
+late). Prints a table last; writes --json.
+
+    python benchmarks/one_step_late_cpu.py --views 800 --seeds 42 43 --json benchmarks/results/one_step_late_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+from statistics import mean
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+MODES = {"in its step": False, "one step late": True}
+
+
+def _rank(rank: int, world: int, init: str, scene: str, out: str, views: int, seed: int, late: bool) -> None:
+    from bytesplat_method_configs import bytesplat
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        config = copy.deepcopy(bytesplat.config)
+        config.pipeline.datamanager.data = Path(scene)
+        config.machine.device_type, config.machine.seed = "cpu", seed
+        config.max_num_iterations, config.steps_per_save = views, views
+        config.output_dir, config.experiment_name, config.timestamp = Path(out), "scene", "run"
+        config.vis, config.steps_per_eval_all_images, config.steps_per_eval_image = "tensorboard", 0, 0
+        config.pipeline.model.num_downscales = 0  # a small scene: full resolution, as the demo trains it
+        config.pipeline.exchange_one_step_late = late
+        config.machine.num_devices = world  # set after construction: the config's check asks for GPUs
+        trainer = config.setup(local_rank=rank, world_size=world)
+        trainer.setup()
+        started = time.perf_counter()
+        trainer.train()
+        if rank == 0:
+            result = {"heldout_psnr": trainer.heldout_psnr, "splats": trainer.pipeline.model.num_points,
+                      "train_s": time.perf_counter() - started}  # fmt: skip
+            (Path(out) / "result.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--views", type=int, default=800, help="training views of each run (2 per step)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/one-step-late-cpu"))
+    parser.add_argument("--json", type=Path, default=Path("one_step_late_cpu.json"))
+    args = parser.parse_args()
+
+    from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
+
+    scene = args.out / "scene"
+    if not (scene / "transforms.json").exists():
+        generate_demo_scene(scene, DemoSceneConfig())
+    runs = []
+    for seed in args.seeds:
+        for mode, late in MODES.items():
+            out = args.out / f"s{seed}-{'late' if late else 'in-step'}"
+            init = args.out / f"init-{time.time_ns()}"
+            spawn_args = (2, str(init), str(scene), str(out), args.views, seed, late)
+            mp.spawn(_rank, args=spawn_args, nprocs=2, join=True)
+            runs.append({"seed": seed, "mode": mode, **json.loads((out / "result.json").read_text())})
+            print(f"seed {seed}, {mode}: held-out PSNR {runs[-1]['heldout_psnr']:.2f} dB", flush=True)
+    summary = {mode: mean(r["heldout_psnr"] for r in runs if r["mode"] == mode) for mode in MODES}
+    record = {
+        "what": "two gloo processes on the CPU, the built-in scene (128x128, 48 training / 8 held-out views), "
+        "compacted exchange: gradients applied in their step vs one step late",
+        "command": f"python benchmarks/one_step_late_cpu.py --views {args.views} --seeds "
+        + " ".join(map(str, args.seeds)),
+        "views": args.views,
+        "runs": runs,
+        "mean_heldout_psnr": summary,
+        "late_minus_in_step_db": summary["one step late"] - summary["in its step"],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\n{'seed':>6} {'in its step':>12} {'one step late':>14}")
+    for seed in args.seeds:
+        psnr = {r["mode"]: r["heldout_psnr"] for r in runs if r["seed"] == seed}
+        print(f"{seed:>6} {psnr['in its step']:>12.2f} {psnr['one step late']:>14.2f}")
+    print(f"{'mean':>6} {summary['in its step']:>12.2f} {summary['one step late']:>14.2f}  "
+          f"(late - in step: {record['late_minus_in_step_db']:+.3f} dB)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
