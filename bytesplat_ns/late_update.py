@@ -15,8 +15,9 @@ held-out PSNR is measured, not assumed (benchmarks/RESULTS.md); off by default u
 
 The packed rows are applied before anything reads or edits the splats as a whole on every rank (the trainer's
 `_apply_pending`): before a refine or opacity reset (the rows name splats by their index, which densification
-changes), before a checkpoint is written (a resumed run starts from every gradient applied) and when training ends.
-A rank-0-only evaluation during training sees the splats before the last step's gradients. After a non-finite
+changes), before the training loop writes a checkpoint (a resumed run starts from every gradient applied) and when
+training ends. What rank 0 alone does meanwhile (an evaluation, a render in the viewer) sees the splats without the
+last step's gradients: applying them takes every rank. After a non-finite
 restore the packed rows are dropped (`drop_pending`).
 
 Every step, eager or replayed, makes the same one all-gather on every rank (of an empty buffer after

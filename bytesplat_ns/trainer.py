@@ -333,7 +333,8 @@ class ByteSplatTrainer(Trainer):
         self.stats.add_exchange(exchange)
         if self.late is not None:
             self.late.pending = True  # this step's rows, packed
-            if self.pipeline.model.strategy.edits_splats_at(step):  # the callbacks refine or reset next
+            saves = step_check(step, self.config.steps_per_save)  # nerfstudio's loop writes a checkpoint next
+            if saves or self.pipeline.model.strategy.edits_splats_at(step):  # or the callbacks refine or reset
                 self._apply_pending(step)
         return self.log_values(step, loss, loss_dict, metrics_dict)
 
@@ -525,9 +526,9 @@ class ByteSplatTrainer(Trainer):
         )
 
     def save_checkpoint(self, step: int) -> None:
-        """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename. Rank 0 only (every rank applies
-        its pending gradients first, one step late)."""
-        self._apply_pending(step)
+        """Nerfstudio's checkpoint, written atomically: a temporary file, then a rename. Rank 0 only. (One step late,
+        the training loop applies the pending gradients first, at the steps it saves; a save from elsewhere, such as
+        the legacy viewer's button, writes the splats without the last step's.)"""
         if not self.is_main:
             return
         self.stats.saved_unix[step] = time.time()
