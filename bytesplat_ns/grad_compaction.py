@@ -291,10 +291,9 @@ class SparseRowExchange:
     def _late_buffers(self, world: int, device: torch.device) -> tuple:
         """One step late: choose the buffer this step packs into (kept while its capacity and width are), drop
         those neither it nor the packed one uses. -> what the step graph bakes in from them."""
-        dtype = self._value_dtype()
-        key = (self.capacity, self._shape[1], dtype)
+        key = self._buffer_key()
         if key not in self._buffers:  # zeros: a header count of 0, nothing to add until packed
-            self._buffers[key] = torch.zeros(world, self.capacity + 1, self._row_width(), dtype=dtype, device=device)
+            self._buffers[key] = torch.zeros(world, self.capacity + 1, self._row_width(), dtype=key[2], device=device)
         packed = self._packed
         keep = {key, packed.key} if packed is not None else {key}
         self._buffers = {k: v for k, v in self._buffers.items() if k in keep}
@@ -340,12 +339,16 @@ class SparseRowExchange:
         they are) into its slice of the buffer `begin` chose, with the capacity and `columns` it set; rows past the
         capacity wait in the residual, as in `exchange_rows`."""
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        key = (self.capacity, self._shape[1], self._value_dtype())
+        key = self._buffer_key()
         buffer = self._buffers[key]
         self._pack(leading_values(grads, self._columns), self.capacity, self._residual, visible=visible,
                    out=buffer[rank : rank + 1])  # fmt: skip
-        sent = (world - 1) * (self.capacity + 1) * self._row_bytes()
-        self._packed = _Packed(buffer, key, self._columns, (self._limit(world), self.capacity, 0), sent)
+        tag = (self._limit(world), self.capacity, 0)
+        self._packed = _Packed(buffer, key, self._columns, tag, self._sent_bytes)  # never dense: the compacted bytes
+
+    def _buffer_key(self) -> tuple:
+        """One step late: (capacity, D, value dtype) of the exchange `begin` prepared."""
+        return self.capacity, self._shape[1], self._value_dtype()
 
     def gather_packed(self, into: list[Tensor]) -> None:
         """One step late, the second device part (at the start of the next step): all-gather every rank's packed
