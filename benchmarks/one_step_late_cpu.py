@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import platform
 import time
 from pathlib import Path
 from statistics import mean
@@ -79,6 +81,7 @@ def main() -> None:
         "compacted exchange: gradients applied in their step vs one step late",
         "command": f"python benchmarks/one_step_late_cpu.py --views {args.views} --seeds "
         + " ".join(map(str, args.seeds)),
+        "machine": f"{os.cpu_count()} CPU cores, {platform.platform()}",
         "views": args.views,
         "runs": runs,
         "mean_heldout_psnr": summary,
