@@ -7,7 +7,7 @@ session). One step late, a step t
 1. starts the exchange of step t - 1's packed rows (all-gather, unpack into `averaged`: the mean over the ranks)
    and the non-finite guard's judgement of them; replayed from the step graph this runs on a side stream, beside 2.;
 2. renders its own view and backpropagates into the parameters' gradients;
-3. waits for 1., then runs Adam on `averaged` (skipped when 1. carried no step's rows, or the guard found them bad);
+3. waits for 1., then runs Adam on `averaged` (unless the guard found them bad);
 4. packs its own gradient rows for step t + 1 (SparseRowExchange.pack_for_later).
 So the splats step t renders have been updated with the gradients up to step t - 2: every gradient is applied one
 step later than with the exchange in its step, on every rank alike (the ranks stay identical). What that costs in
@@ -20,8 +20,10 @@ training ends. What rank 0 alone does meanwhile (an evaluation, a render in the 
 last step's gradients: applying them takes every rank. After a non-finite
 restore the packed rows are dropped (`drop_pending`).
 
-Every step, eager or replayed, makes the same one all-gather on every rank (of an empty buffer after
-`apply_pending` or `drop_pending`), so ranks that record their step graphs at different steps stay matched.
+Every step, eager or replayed, makes the same one all-gather on every rank (of an empty buffer after the pending
+rows were applied or dropped), so ranks that record their step graphs at different steps stay matched. A step with
+no pending rows (the first, and the one after each application or drop) runs op by op and leaves Adam out; so a
+replayed step always applies a step's rows.
 """
 
 from __future__ import annotations
@@ -49,18 +51,13 @@ class LateUpdate:
         """Host: the packed buffer holds a step's rows not yet applied (the same on every rank)."""
         self.averaged: list[Tensor] = []
         """[N, ...] per splat parameter: the mean over the ranks of the rows the last `gather` received."""
-        self.applies: Tensor | None = None
-        """[] bool on the device: this step's `averaged` carries a step's rows (what a replayed step reads)."""
         self._side: torch.cuda.Stream | None = None
         self._forked = False
 
     def prepare(self, params: list[Tensor]) -> None:
-        """Host, before each step: `averaged` shaped as `params` (new zeros after densification), `applies` set."""
+        """Host, before each step: `averaged` shaped as `params` (new zeros after densification)."""
         if [a.shape for a in self.averaged] != [p.shape for p in params] or self.averaged[0].device != params[0].device:
             self.averaged = [torch.zeros_like(p) for p in params]
-        if self.applies is None or self.applies.device != params[0].device:
-            self.applies = torch.zeros((), dtype=torch.bool, device=params[0].device)
-        self.applies.fill_(self.pending)
         if self._side is None and params[0].is_cuda:  # made here: not while a recording is under way
             self._side = torch.cuda.Stream(device=params[0].device)
 

@@ -16,8 +16,9 @@ A graph bakes in tensor addresses, shapes and Python decisions, so it is recorde
 - the binning asks for more entries than the graph's buffers hold (their capacity is recorded rounded up to a rung,
   capacity_rungs.py, so the few percent a view's entry count drifts do not record it again).
 The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
-takes another loss path (masks), and the first step of any new configuration (lazy set-up of libraries on a
-shape's first use cannot happen inside a recording). The next step records the graph and replays it.
+takes another loss path (masks), the first step of any new configuration (lazy set-up of libraries on a
+shape's first use cannot happen inside a recording), and, one step late, a step with no rows pending. The next
+step records the graph and replays it.
 Everything recorded must run on the recording stream: gsplat 1.4.0's SH kernels launch on the legacy default
 stream, which a graph does not record (they would run once, at recording, and leave their output stale), so
 the fused renderer evaluates SH with its own kernels (csrc/sh.h); the ground truth's downscale avoids
@@ -171,6 +172,7 @@ class StepGraph:
             "another loss path" if key is None
             else "exact binning" if bins.needs_exact(self.model.num_points)
             else "new optimizer state" if not self._optimizer_state_ready()
+            else "nothing pending one step late" if self.late is not None and not self.late.pending
             else None
         )  # fmt: skip
         if why is None and key != self.key and key != self._eager_key:  # runs op by op once first: lazy set-up

@@ -388,10 +388,8 @@ class ByteSplatTrainer(Trainer):
         late, params = self.late, list(self.pipeline.model.gauss_params.values())
         late.join()
         clock.lap("exchange")
-        with late.as_gradients(params):
-            if guard_step is not None:  # replayed: Adam skips unless this step's averaged gradients are a step's
-                self._step_optimizers(step, ~late.applies if judged is None else judged | ~late.applies)
-            elif late.pending:
+        if late.pending:  # always, replayed (StepGraph.run)
+            with late.as_gradients(params):
                 self._step_optimizers(step, judged)
         clock.lap("optimizer")
         self.pipeline.pack_for_later(self._visible_rows())
