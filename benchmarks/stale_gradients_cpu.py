@@ -6,7 +6,8 @@ delays the gradients of chosen parameter groups by one step (their optimizer ste
 before; a refine, which renumbers the splats, drops the gradient it held), to see which groups the delay hurts:
 none (the reference), all, the colours (features_dc, features_rest: 48 of a row's 59 values at SH degree 3) or the
 geometry (means, scales, quats, opacities). One view a step, so the delay alone differs from the reference; an
-indication for a scheme that sends some groups late and the others in their step. Prints a table last; writes --json.
+indication for a scheme that sends some groups late and the others in their step. --lr-scale 1.414: every learning
+rate as two GPUs' rule sets it (view_schedule.py), one view a step still. Prints a table last; writes --json.
 
     python benchmarks/stale_gradients_cpu.py --views 1000 --seeds 42 --json benchmarks/results/stale_gradients_cpu.json
 """
@@ -50,7 +51,7 @@ def delay_groups(trainer, groups: tuple[str, ...]) -> None:
     optimizers.optimizer_scaler_step_some = delayed_step
 
 
-def train(scene: Path, out: Path, views: int, seed: int, groups: tuple[str, ...]) -> dict:
+def train(scene: Path, out: Path, views: int, seed: int, groups: tuple[str, ...], lr_scale: float = 1.0) -> dict:
     from bytesplat_method_configs import bytesplat
 
     config = copy.deepcopy(bytesplat.config)
@@ -60,6 +61,10 @@ def train(scene: Path, out: Path, views: int, seed: int, groups: tuple[str, ...]
     config.output_dir, config.experiment_name, config.timestamp = out, "scene", "run"
     config.vis, config.steps_per_eval_all_images, config.steps_per_eval_image = "tensorboard", 0, 0
     config.pipeline.model.num_downscales = 0  # a small scene: full resolution, as the demo trains it
+    for group in config.optimizers.values():  # as view_schedule.py scales them for sqrt(lr_scale) GPUs, if not 1
+        group["optimizer"].lr *= lr_scale
+        if group.get("scheduler") is not None and getattr(group["scheduler"], "lr_final", None) is not None:
+            group["scheduler"].lr_final *= lr_scale
     trainer = config.setup(local_rank=0, world_size=1)
     trainer.setup()
     delay_groups(trainer, groups)
@@ -74,6 +79,8 @@ def main() -> None:
     parser.add_argument("--views", type=int, default=1000, help="training steps of each run (one view each)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--delayed", nargs="+", default=list(DELAYED), choices=list(DELAYED))
+    parser.add_argument("--lr-scale", type=float, default=1.0,
+                        help="every learning rate times this (two GPUs' rule: 1.414)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("/tmp/stale-gradients-cpu"))
     parser.add_argument("--json", type=Path, default=Path("stale_gradients_cpu.json"))
     args = parser.parse_args()
@@ -86,8 +93,9 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         for delayed in args.delayed:
-            result = train(scene, args.out / f"s{seed}-{delayed}", args.views, seed, DELAYED[delayed])
-            runs.append({"seed": seed, "delayed": delayed, **result})
+            out = args.out / f"s{seed}-{delayed}-lr{args.lr_scale:g}"
+            result = train(scene, out, args.views, seed, DELAYED[delayed], args.lr_scale)
+            runs.append({"seed": seed, "delayed": delayed, "lr_scale": args.lr_scale, **result})
             print(f"seed {seed}, delayed {delayed}: held-out PSNR {result['heldout_psnr']:.2f} dB", flush=True)
     means = {d: mean(r["heldout_psnr"] for r in runs if r["delayed"] == d) for d in args.delayed}
     record = {
@@ -96,7 +104,8 @@ def main() -> None:
         "command": f"python benchmarks/stale_gradients_cpu.py --views {args.views} --seeds "
         + " ".join(map(str, args.seeds))
         + " --delayed "
-        + " ".join(args.delayed),
+        + " ".join(args.delayed)
+        + f" --lr-scale {args.lr_scale:g}",
         "machine": f"{os.cpu_count()} CPU cores, {platform.platform()}",
         "runs": runs,
         "mean_heldout_psnr": means,
