@@ -11,14 +11,15 @@ session). One step late, a step t
 4. packs its own gradient rows for step t + 1 (SparseRowExchange.pack_for_later).
 So the splats step t renders have been updated with the gradients up to step t - 2: every gradient is applied one
 step later than with the exchange in its step, on every rank alike (the ranks stay identical). What that costs in
-held-out PSNR is measured, not assumed (benchmarks/RESULTS.md); off by default until it holds quality.
+held-out PSNR is measured, not assumed: on the CPU's small built-in scene with two ranks, 0.26 dB (benchmarks/
+RESULTS.md, forty-first session), so it is off by default.
 
 The packed rows are applied before anything reads or edits the splats as a whole on every rank (the trainer's
 `_apply_pending`): before a refine or opacity reset (the rows name splats by their index, which densification
 changes), before the training loop writes a checkpoint (a resumed run starts from every gradient applied) and when
 training ends. What rank 0 alone does meanwhile (an evaluation, a render in the viewer) sees the splats without the
-last step's gradients: applying them takes every rank. After a non-finite
-restore the packed rows are dropped (`drop_pending`).
+last step's gradients: applying them takes every rank. After a non-finite restore the packed rows are dropped
+(`drop_pending`).
 
 Every step, eager or replayed, makes the same one all-gather on every rank (of an empty buffer after the pending
 rows were applied or dropped), so ranks that record their step graphs at different steps stay matched. A step with
@@ -41,7 +42,7 @@ T = TypeVar("T")
 
 
 class LateUpdate:
-    """The averaged gradients of the step before and whether they are a step's (see the module docstring)."""
+    """The averaged gradients of the step before and whether a step's rows are pending (the module docstring)."""
 
     def __init__(self, exchange: SparseRowExchange) -> None:
         if not exchange.one_step_late:

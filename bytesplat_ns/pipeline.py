@@ -45,8 +45,8 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     per step 1.53 -> 0.69 ms on lego (benchmarks/RESULTS.md). False: torch operations (no nvcc needed)."""
     exchange_one_step_late: bool = False
     """With several GPUs and the compacted exchange: apply each step's averaged gradients at the next step, so that
-    their exchange runs beside the next step's render (late_update.py). Off until it is shown to keep one GPU's
-    quality (benchmarks/RESULTS.md)."""
+    their exchange runs beside the next step's render (late_update.py). Off: on the CPU it cost 0.26 dB held-out
+    PSNR (benchmarks/RESULTS.md, forty-first session); not yet run on GPUs."""
     exchange_all_to_all_from: int = 4
     """From this many GPUs on, the compacted exchange routes each gradient row to an owner GPU (an all-to-all), which
     sums what it gets and all-gathers the sums; with fewer, every GPU's rows are all-gathered. Chosen by the bytes
