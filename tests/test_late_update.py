@@ -4,6 +4,8 @@ NCCL with the exchange replayed from a CUDA graph, its gather on a side stream."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -147,3 +149,21 @@ def test_one_step_late_over_nccl(tmp_path, world, graph):
 def test_late_update_needs_a_late_exchange():
     with pytest.raises(ValueError, match="one_step_late=True"):
         LateUpdate(SparseRowExchange())
+
+
+@pytest.mark.parametrize(
+    "option, value, world, named",
+    [("exchange", "screen", 2, "--pipeline.exchange compact"), ("exchange_all_to_all_from", 2, 2,
+     "--pipeline.exchange-all-to-all-from above 2")],
+)  # fmt: skip
+def test_the_late_exchange_refuses_what_it_cannot_carry(tmp_path, option, value, world, named):
+    """Another exchange, or rows routed to owners: refused at start-up, naming the fix."""
+    from bytesplat_ns.input_checks import BadInputError
+    from tests.trainer_setup import make_trainer
+
+    pipeline = make_trainer(tmp_path, steps=1).pipeline
+    config = copy.deepcopy(pipeline.config)
+    config.exchange_one_step_late = True
+    setattr(config, option, value)
+    with pytest.raises(BadInputError, match=named):
+        pipeline._check_one_step_late(config, world)
