@@ -223,10 +223,11 @@ class ByteSplatPipeline(VanillaPipeline):
     def _other_gradients(self) -> list[torch.Tensor]:
         """The gradients of the parameters other than the splats' (camera optimizer, bilateral grid); zeros where
         this rank's step did not reach one."""
-        for param in self._other_gradient_params():
+        params = self._other_gradient_params()
+        for param in params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        return [p.grad for p in self._other_params]
+        return [p.grad for p in params]
 
 
 def _build_exchange_kernels() -> None:

@@ -33,10 +33,9 @@ gathered headers start their copy to the host. The graph is recorded again when 
 buffer changes, or the exchange turns into a dense all-reduce or back (grad_compaction.py); all follow from the
 gathered counts, so they change at the same step on every rank. One step late (late_update.py) the graph holds the
 all-gather and unpack of the step before's rows on a side stream beside the render, then Adam on their mean, then
-the pack of this step's rows. Ranks may record at different steps (their
-binning capacities differ): a recording runs nothing, and every step, replayed or eager, makes the same
-collectives on every rank (the all-gather, after the all-to-all when routed, or the dense all-reduce), so they stay
-matched.
+the pack of this step's rows. Ranks may record at different steps (their binning capacities differ): a recording
+runs nothing, and every step, replayed or eager, makes the same collectives on every rank (the all-gather, after
+the all-to-all when routed, or the dense all-reduce), so they stay matched.
 
 Used with CUDA processes on the fused loss path (several: with the compacted exchange and its kernels), with the
 one-launch Adam (adam_all_groups.py: it reads
