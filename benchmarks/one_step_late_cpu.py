@@ -15,10 +15,8 @@ late). Prints a table last; writes --json.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 from statistics import mean
@@ -26,27 +24,18 @@ from statistics import mean
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).parent))
+from built_in_scene_cpu import MACHINE, built_in_scene, cpu_config  # noqa: E402
+
 MODES = {"in its step": False, "one step late": True}
 
 
 def _rank(rank: int, world: int, init: str, scene: str, out: str, views: int, seed: int, late: bool,
           lr_scale: float) -> None:  # fmt: skip
-    from bytesplat_method_configs import bytesplat
-
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        config = copy.deepcopy(bytesplat.config)
-        config.pipeline.datamanager.data = Path(scene)
-        config.machine.device_type, config.machine.seed = "cpu", seed
-        config.max_num_iterations, config.steps_per_save = views, views
-        config.output_dir, config.experiment_name, config.timestamp = Path(out), "scene", "run"
-        config.vis, config.steps_per_eval_all_images, config.steps_per_eval_image = "tensorboard", 0, 0
-        config.pipeline.model.num_downscales = 0  # a small scene: full resolution, as the demo trains it
+        config = cpu_config(Path(scene), Path(out), views, seed, lr_scale)
         config.pipeline.exchange_one_step_late = late
-        for group in config.optimizers.values():  # on top of the sqrt(2) two GPUs' rule applies (view_schedule.py)
-            group["optimizer"].lr *= lr_scale
-            if group.get("scheduler") is not None and getattr(group["scheduler"], "lr_final", None) is not None:
-                group["scheduler"].lr_final *= lr_scale
         config.machine.num_devices = world  # set after construction: the config's check asks for GPUs
         trainer = config.setup(local_rank=rank, world_size=world)
         trainer.setup()
@@ -75,11 +64,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("one_step_late_cpu.json"))
     args = parser.parse_args()
 
-    from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
-
-    scene = args.out / "scene"
-    if not (scene / "transforms.json").exists():
-        generate_demo_scene(scene, DemoSceneConfig())
+    scene = built_in_scene(args.out)
     runs = []
     for seed in args.seeds:
         for mode in args.modes:
@@ -98,7 +83,7 @@ def main() -> None:
         "command": f"python benchmarks/one_step_late_cpu.py --views {args.views} --seeds "
         + " ".join(map(str, args.seeds))
         + f" --modes {' '.join(args.modes)} --lr-scale {args.lr_scale:g}",
-        "machine": f"{os.cpu_count()} CPU cores, {platform.platform()}",
+        "machine": MACHINE,
         "views": args.views,
         "runs": runs,
         "mean_heldout_psnr": summary,

@@ -15,13 +15,14 @@ rate as two GPUs' rule sets it (view_schedule.py), one view a step still. Prints
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 from statistics import mean
+
+sys.path.insert(0, str(Path(__file__).parent))
+from built_in_scene_cpu import MACHINE, built_in_scene, cpu_config  # noqa: E402
 
 COLOURS = ("features_dc", "features_rest")
 GEOMETRY = ("means", "scales", "quats", "opacities")
@@ -52,19 +53,7 @@ def delay_groups(trainer, groups: tuple[str, ...]) -> None:
 
 
 def train(scene: Path, out: Path, views: int, seed: int, groups: tuple[str, ...], lr_scale: float = 1.0) -> dict:
-    from bytesplat_method_configs import bytesplat
-
-    config = copy.deepcopy(bytesplat.config)
-    config.pipeline.datamanager.data = scene
-    config.machine.device_type, config.machine.seed = "cpu", seed
-    config.max_num_iterations, config.steps_per_save = views, views
-    config.output_dir, config.experiment_name, config.timestamp = out, "scene", "run"
-    config.vis, config.steps_per_eval_all_images, config.steps_per_eval_image = "tensorboard", 0, 0
-    config.pipeline.model.num_downscales = 0  # a small scene: full resolution, as the demo trains it
-    for group in config.optimizers.values():  # as view_schedule.py scales them for sqrt(lr_scale) GPUs, if not 1
-        group["optimizer"].lr *= lr_scale
-        if group.get("scheduler") is not None and getattr(group["scheduler"], "lr_final", None) is not None:
-            group["scheduler"].lr_final *= lr_scale
+    config = cpu_config(scene, out, views, seed, lr_scale)
     trainer = config.setup(local_rank=0, world_size=1)
     trainer.setup()
     delay_groups(trainer, groups)
@@ -85,11 +74,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("stale_gradients_cpu.json"))
     args = parser.parse_args()
 
-    from bytesplat_ns.demo_scene import DemoSceneConfig, generate_demo_scene
-
-    scene = args.out / "scene"
-    if not (scene / "transforms.json").exists():
-        generate_demo_scene(scene, DemoSceneConfig())
+    scene = built_in_scene(args.out)
     runs = []
     for seed in args.seeds:
         for delayed in args.delayed:
@@ -106,7 +91,7 @@ def main() -> None:
         + " --delayed "
         + " ".join(args.delayed)
         + f" --lr-scale {args.lr_scale:g}",
-        "machine": f"{os.cpu_count()} CPU cores, {platform.platform()}",
+        "machine": MACHINE,
         "runs": runs,
         "mean_heldout_psnr": means,
     }

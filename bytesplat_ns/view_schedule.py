@@ -45,17 +45,22 @@ def per_step_views(config: TrainerConfig, views_per_step: int) -> TrainerConfig:
     for name in MODEL_COUNTS:
         setattr(model, name, views_to_steps(getattr(model, name), views_per_step))
     model.views_per_step = views_per_step
-    lr_scale = math.sqrt(views_per_step)
+    scale_learning_rates(config, math.sqrt(views_per_step))
     for group in config.optimizers.values():
-        group["optimizer"].lr *= lr_scale
         scheduler = group.get("scheduler")
-        if scheduler is None:
-            continue
-        for name in SCHEDULER_COUNTS:
-            setattr(scheduler, name, views_to_steps(getattr(scheduler, name), views_per_step))
-        if getattr(scheduler, "lr_final", None) is not None:
-            scheduler.lr_final *= lr_scale
+        if scheduler is not None:
+            for name in SCHEDULER_COUNTS:
+                setattr(scheduler, name, views_to_steps(getattr(scheduler, name), views_per_step))
     return config
+
+
+def scale_learning_rates(config: TrainerConfig, factor: float) -> None:
+    """Multiply every optimizer's learning rate in `config`, and its scheduler's final rate, by `factor` (in place)."""
+    for group in config.optimizers.values():
+        group["optimizer"].lr *= factor
+        scheduler = group.get("scheduler")
+        if scheduler is not None and getattr(scheduler, "lr_final", None) is not None:
+            scheduler.lr_final *= factor
 
 
 def resumed_start_step(start_step: int, saved_views_per_step: int, views_per_step: int) -> int:

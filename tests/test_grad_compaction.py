@@ -88,12 +88,9 @@ class _ReplayedExchange:
         return self.exchange.end()
 
 
-def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_from: int, backend: str = "gloo",
-            graph: bool = False, columns: list | None = None) -> None:  # fmt: skip
-    """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels (with
-    `graph`, their device part replayed from a CUDA graph); gloo-cuda: every rank on GPU 0 (gloo moves the buffers
-    through the host), the exchange kernels. Rows routed to owners from `route_from` ranks on. `columns`: the values
-    in use of each gradient's rows (the others zero, not sent)."""
+def join_process_group(rank: int, world: int, init_file: str, backend: str) -> torch.device:
+    """Join the test's process group: gloo (CPU tensors), gloo-cuda (gloo, every rank's tensors on GPU 0) or nccl
+    (GPU `rank`). -> the device of this rank's tensors."""
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
@@ -101,6 +98,16 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
     elif backend == "gloo-cuda":
         device = torch.device("cuda", 0)
     dist.init_process_group(backend[:4], init_method=f"file://{init_file}", rank=rank, world_size=world)
+    return device
+
+
+def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_from: int, backend: str = "gloo",
+            graph: bool = False, columns: list | None = None) -> None:  # fmt: skip
+    """gloo: CPU tensors, the exchange from torch operations; nccl: one GPU per rank, the exchange kernels (with
+    `graph`, their device part replayed from a CUDA graph); gloo-cuda: every rank on GPU 0 (gloo moves the buffers
+    through the host), the exchange kernels. Rows routed to owners from `route_from` ranks on. `columns`: the values
+    in use of each gradient's rows (the others zero, not sent)."""
+    device = join_process_group(rank, world, init_file, backend)
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     routed = world >= route_from
     limit = -(-ROWS // world) if routed else ROWS  # the most rows one buffer can need

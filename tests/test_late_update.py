@@ -13,7 +13,17 @@ import torch.multiprocessing as mp
 
 from bytesplat_ns.grad_compaction import SparseRowExchange, all_reduce_mean
 from bytesplat_ns.late_update import LateUpdate
-from tests.test_grad_compaction import REL_TOL_FP16, REL_TOL_FP32, ROWS, SHAPES, STEPS, in_view, make_grad, relative
+from tests.test_grad_compaction import (
+    REL_TOL_FP16,
+    REL_TOL_FP32,
+    ROWS,
+    SHAPES,
+    STEPS,
+    in_view,
+    join_process_group,
+    make_grad,
+    relative,
+)
 
 LAG = 1
 
@@ -51,13 +61,7 @@ class _ReplayedLateStep:
 def _worker(rank: int, world: int, init_file: str, backend: str, graph: bool, half: bool) -> None:
     """gloo: CPU tensors, the torch path; gloo-cuda: every rank on GPU 0, the exchange kernels; nccl: one GPU per
     rank, the exchange kernels, op by op or (`graph`) replayed."""
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-    elif backend == "gloo-cuda":
-        device = torch.device("cuda", 0)
-    dist.init_process_group(backend[:4], init_method=f"file://{init_file}", rank=rank, world_size=world)
+    device = join_process_group(rank, world, init_file, backend)
     tolerance = REL_TOL_FP16 if half else REL_TOL_FP32
     replayed = None
     try:
