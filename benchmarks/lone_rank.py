@@ -16,6 +16,7 @@ included) and, with --profile-steps, a torch profile of that many steady-state s
 GPU's kernels by name). Prints a table last; writes --json.
 
     python3 benchmarks/lone_rank.py --data .device-kit/data/lego --views 2000 --json $OUT/lone_rank.json
+    python3 benchmarks/lone_rank.py --data .device-kit/data/lego --also "--pipeline.exchange-peer-reads True"
 
 `python3 benchmarks/lone_rank.py --as-rank-0-of-2 ns-train bytesplat ...` is the lone rank's launcher (ns-train's
 own arguments after it).
@@ -64,7 +65,7 @@ def run(scene, views: int, out: Path, name: str, profile_steps: int, lone: bool,
     launcher = (sys.executable, __file__, LAUNCHER) if lone else ()
     job = start_run(scene, views, 1, out, name, profile_steps=profile_steps, extra=extra, launcher=launcher)
     record = finish_run(job, evaluate=False)
-    return {"run": name, "lone_rank_of_two": lone, **record}
+    return {"run": name, "lone_rank_of_two": lone, "train_args": " ".join(extra), **record}
 
 
 def replayed_ms(record: dict) -> float:
@@ -80,6 +81,12 @@ def main() -> None:
     parser.add_argument("--views", type=int, default=2000, help="training views of each run")
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--train-args", default="", help="more ns-train options for both runs")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="ns-train options of one more lone-rank run, on top of --train-args (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/lone-rank"))
     parser.add_argument("--json", type=Path, default=Path("lone_rank.json"))
     args = parser.parse_args()
@@ -90,6 +97,9 @@ def main() -> None:
         run(scene, args.views, args.out, "gpus1", args.profile_steps, False, extra),
         run(scene, args.views, args.out, "lone-rank", args.profile_steps, True, extra),
     ]
+    for i, more in enumerate(args.also):
+        runs.append(run(scene, args.views, args.out, f"lone-rank-{i + 2}", args.profile_steps, True,
+                        extra + more.split()))  # fmt: skip
     record = {"scene": scene.name, "views": args.views, "train_args": args.train_args, "runs": runs,
               "wall_s": time.perf_counter() - began}  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +116,8 @@ def main() -> None:
         print(f"{r['run']:<10} {r['steps']:6d} {r['views_per_second']:8.1f} {replayed_ms(r):12.3f} "
               f"{r.get('graph_replays') or 0:8d} {prof.get('host_ms', nan):10.3f} "
               f"{prof.get('gpu_kernel_ms', nan):9.3f} {prof.get('launches', nan):9.1f}  {phases}")  # fmt: skip
+    for i, more in enumerate(args.also):
+        print(f"lone-rank-{i + 2}: {more}")
     print(f"({scene.name}, {args.views} views each, one GPU; lone-rank: rank 0 of two without a second GPU, its "
           "views/s counting two views a step as two GPUs would)")  # fmt: skip
 

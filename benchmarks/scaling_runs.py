@@ -80,14 +80,17 @@ class TrainJob:
     views: int
 
 
-EXCHANGES = ("compact", "late", "screen", "dense")
-"""--pipeline.exchange of a several-GPU run, or late: compact with --pipeline.exchange-one-step-late True."""
+EXCHANGES = ("compact", "late", "peer", "screen", "dense")
+"""--pipeline.exchange of a several-GPU run, or late: compact with --pipeline.exchange-one-step-late True, or peer:
+compact with --pipeline.exchange-peer-reads True."""
 
 
 def exchange_options(exchange: str) -> list[str]:
     """The ns-train options of one of EXCHANGES."""
     if exchange == "late":
         return ["--pipeline.exchange", "compact", "--pipeline.exchange-one-step-late", "True"]
+    if exchange == "peer":
+        return ["--pipeline.exchange", "compact", "--pipeline.exchange-peer-reads", "True"]
     return ["--pipeline.exchange", exchange]
 
 

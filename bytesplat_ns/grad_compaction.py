@@ -50,6 +50,12 @@ those buffers and writes their mean into gradients of its own (every row: zeros 
 next step's render runs beside it. The packed buffer's own rows are then marked sent (its count zeroed), so a
 buffer is never gathered twice. The plan is always the all-gather of compacted rows (neither routed nor dense).
 
+Peers reading the rows (`peer_reads`, peer_rows.py; the kernels, ranks on one machine): no all-gather. Each rank
+packs into a region the other ranks have mapped, and each unpacks its peers' rows straight from their regions,
+as many as their headers count; the capacity is every row, so nothing is held back, the capacity changes only
+with the splat count, and the bytes that travel are the rows counted (`ExchangeStats.sent_bytes` counts them from
+the headers read `lag` exchanges late). Neither routed nor dense.
+
 When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (so at
 capacities near N, which is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is
 that all-reduce instead, the headers riding in 3 W extra values, the residuals added and cleared. The decision
@@ -89,6 +95,7 @@ from torch import Tensor
 from bytesplat_ns.capacity_rungs import rung_above
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.late_read import STEPS_LATE, LateQueue
+from bytesplat_ns.peer_rows import FREE, READY, PeerRows
 from bytesplat_ns.phase_clock import PhaseClock
 
 CAPACITY_GRANULE = 1024
@@ -101,7 +108,8 @@ class ExchangeStats:
 
     sent_bytes: int
     """Compacted: this rank's buffers to the world - 1 peers (capacity + 1 rows each; with owners, also its
-    route_capacity + 1 rows to each other owner)."""
+    route_capacity + 1 rows to each other owner); peers reading the rows: the rows this rank's header counted
+    (and the header) to each peer, from the headers of `lag` exchanges back (before those, every row)."""
     dense_bytes: int
     """Dense ring all-reduce of the same fp32 gradients, every value of them (`columns` or not): 2 (world - 1) /
     world of their size."""
@@ -176,6 +184,9 @@ class SparseRowExchange:
     with fewer, all-gather every rank's rows."""
     one_step_late: bool = False
     """Exchange each step's rows at the start of the next (`pack_for_later`, `gather_packed`; module docstring)."""
+    peer_reads: bool = False
+    """Each rank reads its peers' rows from their memory (peer_rows.py; module docstring) instead of an all-gather:
+    the kernels, every rank on one machine."""
     group: object = None
     capacity: int = 0
     """Rows per rank in the last exchange's all-gather."""
@@ -220,6 +231,10 @@ class SparseRowExchange:
     steps (the step graph bakes their addresses in): the packed one and the one `begin` chose."""
     _gathered: _Packed | None = None
     """One step late: what the exchange `begin` prepared gathers (the last packed buffer; None: nothing yet)."""
+    _peers: PeerRows | None = None
+    """Peers reading the rows: every rank's region, mapped here."""
+    _late_counts: list = field(default_factory=list)
+    """Every rank's row count in the headers last read late (empty before the first)."""
 
     def __post_init__(self) -> None:
         self._headers = LateQueue(self.lag)
@@ -259,10 +274,10 @@ class SparseRowExchange:
         if (num_rows, width) != self._shape:  # densification renumbered the splats, or the SH degree grew: held
             self._residual = self._held = self._sums = None  # rows mean nothing now
         self._shape = (num_rows, width)
-        self._routed = world >= self.all_to_all_from and not self.one_step_late  # 1: one rank routes to itself
-        # (what the tests run on 1 GPU)
+        self._routed = world >= self.all_to_all_from and not self.one_step_late and not self.peer_reads  # 1: one
+        # rank routes to itself (what the tests run on 1 GPU)
         limit = self._limit(world)
-        self.capacity = self._next_capacity(self._fractions, limit, self.capacity)
+        self.capacity = limit if self.peer_reads else self._next_capacity(self._fractions, limit, self.capacity)
         self.route_capacity = (
             self._next_capacity(self._route_fractions, limit, self.route_capacity) if self._routed else 0
         )
@@ -277,8 +292,11 @@ class SparseRowExchange:
             self._note = torch.zeros(1, dtype=torch.int32, device=device)
         self._note.fill_(note)
         rows = self.capacity + 1 + (self.route_capacity + 1 if self._routed else 0)  # to each peer
+        if self.peer_reads and self._late_counts:  # what the peers read: the rows counted
+            rows = self._late_counts[dist.get_rank(self.group)] + 1
         self._sent_bytes = (world - 1) * rows * self._row_bytes()
-        self._dense = self._sent_bytes > ring_all_reduce_bytes(world, num_rows * width) and not self.one_step_late
+        self._dense = (self._sent_bytes > ring_all_reduce_bytes(world, num_rows * width)
+                       and not self.one_step_late and not self.peer_reads)  # fmt: skip
         if self._dense:
             self._sent_bytes = ring_all_reduce_bytes(world, num_rows * width + HEADER_INTS * world)
         held = [h.values if h is not None else None for h in (self._residual, self._held)]
@@ -286,7 +304,27 @@ class SparseRowExchange:
         if self.one_step_late:
             self._gathered = self._packed
             addresses += self._late_buffers(world, device)
+        if self.peer_reads:
+            addresses += (self._reserve_peer_rows(like, num_rows),)
         return self._shape, self.capacity, self.route_capacity, self._dense, addresses
+
+    def _reserve_peer_rows(self, like: list[Tensor], num_rows: int) -> int:
+        """Peers reading the rows: every rank's region with room for every row (of every value a row has, so that
+        a higher SH degree still fits). -> this rank's region's address."""
+        if not self._on_kernels(like):
+            raise ValueError(
+                "Peers reading the exchange's rows need its CUDA kernels on the GPU (SparseRowExchange(kernels=True) "
+                "with CUDA gradients); use the all-gather (peer_reads=False) otherwise."
+            )
+        if self._peers is None:
+            self._peers = PeerRows(self.group)
+        row_bytes = (_slots(self._value_dtype()) + self._all_values) * self._value_dtype().itemsize
+        return self._peers.reserve(num_rows, row_bytes, like[0].device)
+
+    def close(self) -> None:
+        """At the end of training: peers reading the rows free their regions once no rank uses them (collective)."""
+        if self._peers is not None:
+            self._peers.close()
 
     def _late_buffers(self, world: int, device: torch.device) -> tuple:
         """One step late: choose the buffer this step packs into (kept while its capacity and width are), drop
@@ -313,6 +351,9 @@ class SparseRowExchange:
             laps.lap("all-reduce")
             return
         rank = dist.get_rank(self.group)
+        if self.peer_reads:
+            self._read_peers(grads, world, rank, visible, laps)
+            return
         # [W, capacity + 1, slots + D]: this rank packs into its own slice (an in-place all-gather: no local copy)
         dtype = self._value_dtype()
         gathered = grads[0].new_empty(world, self.capacity + 1, self._row_width(), dtype=dtype)
@@ -331,6 +372,24 @@ class SparseRowExchange:
         dist.all_gather_into_tensor(gathered, mine, group=self.group)
         laps.lap("all-gather")
         self._gathered_headers = self._unpack(grads, gathered, self.capacity, 1.0 / world, zeroed=True,
+                                              own_rank=own_rank)  # fmt: skip
+        laps.lap("unpack")
+
+    def _read_peers(self, grads: list[Tensor], world: int, rank: int, visible: Tensor | None,
+                    laps: PhaseClock) -> None:  # fmt: skip
+        """Peers reading the rows: pack into this rank's region once every rank has read the rows there before,
+        then, once every rank has packed, unpack the peers' rows from theirs (with one or two ranks each keeps its
+        own rows in place, as the all-gather does)."""
+        dtype, width = self._value_dtype(), self._row_width()
+        buffers = [self._peers.rows(r, self.capacity, width, dtype) for r in range(world)]  # [capacity + 1, width]
+        own_rank = rank if self._keeps_own_rows(grads, world) else -1
+        own_scale = 1.0 / world if own_rank >= 0 else 0.0
+        self._peers.barrier(FREE)
+        self._pack(grads, self.capacity, None, visible=visible, clear=True, own_scale=own_scale,
+                   out=buffers[rank].unsqueeze(0))  # fmt: skip
+        self._peers.barrier(READY)
+        laps.lap("pack")
+        self._gathered_headers = self._unpack(grads, buffers, self.capacity, 1.0 / world, zeroed=True,
                                               own_rank=own_rank)  # fmt: skip
         laps.lap("unpack")
 
@@ -514,26 +573,27 @@ class SparseRowExchange:
             residual.count.copy_(torch.cat(counts).sub(capacity).clamp(min=0).sum(dtype=torch.int32).view(1))
         return buffer
 
-    def _unpack(self, grads: list[Tensor], gathered: Tensor, capacity: int, scale: float, index_divisor: int = 1,
-                zeroed: bool = False, own_rank: int = -1) -> Tensor:  # fmt: skip
-        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D], row i added at i //
+    def _unpack(self, grads: list[Tensor], gathered: Tensor | list[Tensor], capacity: int, scale: float,
+                index_divisor: int = 1, zeroed: bool = False, own_rank: int = -1) -> Tensor:  # fmt: skip
+        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D] (or W buffers [capacity +
+        1, slots + D]: the peers' regions), row i added at i //
         index_divisor, in rank order into zeros (the same bits on every rank); `zeroed`: a `clear` pack left `grads`
         zero (with the kernels: not zeroed again); `own_rank` (kernels): they hold that rank's rows, scaled, already.
         -> the headers [W, 3] int32."""
         if self._on_kernels(grads):  # one call
             return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
-        slots = _slots(gathered.dtype)
+        slots = _slots(gathered[0].dtype)
         dense = grads[0].new_zeros(num_rows + 1, sum(widths))  # [N + 1, D]; rows past a buffer's count go to row N
-        counts = gathered[:, 0, :slots].clone().view(torch.int32).view(-1)  # [W]
-        for rank in range(gathered.shape[0]):
-            rows = gathered[rank, 1:, :slots].clone().view(torch.int32).view(-1) // index_divisor  # [capacity]
-            live = torch.arange(capacity, device=rows.device) < counts[rank]  # [capacity]
+        headers = torch.stack([buffer[0, : HEADER_INTS * slots] for buffer in gathered]).view(torch.int32)  # [W, 3]
+        for buffer, count in zip(gathered, headers[:, 0]):
+            rows = buffer[1:, :slots].clone().view(torch.int32).view(-1) // index_divisor  # [capacity]
+            live = torch.arange(capacity, device=rows.device) < count  # [capacity]
             rows = rows.clamp(min=0, max=num_rows).masked_fill(~live, num_rows)
-            dense.index_add_(0, rows, gathered[rank, 1:, slots:].to(dense.dtype), alpha=scale)
+            dense.index_add_(0, rows, buffer[1:, slots:].to(dense.dtype), alpha=scale)
         for grad, part in zip(grads, dense[:num_rows].split(widths, dim=1)):
             grad.copy_(part.reshape(grad.shape))
-        return gathered[:, 0, : HEADER_INTS * slots].clone().view(torch.int32)
+        return headers
 
     def _read_late_headers(self, world: int) -> tuple[list[int], int]:
         """The notes of the exchange `lag` exchanges back, and whether it overflowed (0 or 1); its counts go into
@@ -541,6 +601,7 @@ class SparseRowExchange:
         notes, overflows = [0] * world, 0
         for headers, (limit, capacity, route_capacity) in self._headers.pop_ready():
             counts, notes, received = (list(column) for column in zip(*headers))
+            self._late_counts = counts
             overflows += int(max(counts) > capacity or max(received) > route_capacity)
             _remember(self._fractions, max(counts) / max(1, limit), self.window)
             if route_capacity:

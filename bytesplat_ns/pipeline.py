@@ -47,6 +47,11 @@ class ByteSplatPipelineConfig(VanillaPipelineConfig):
     """With several GPUs and the compacted exchange: apply each step's averaged gradients at the next step, so that
     their exchange runs beside the next step's render (late_update.py). Off: on the CPU it cost 0.26 dB held-out
     PSNR (benchmarks/RESULTS.md, forty-first session); not yet run on GPUs."""
+    exchange_peer_reads: bool = False
+    """With several GPUs of one machine and the compacted exchange: each GPU reads the other GPUs' packed rows from
+    their memory (CUDA IPC, over NVLink), as many as each counted, instead of an all-gather of buffers sized for the
+    largest recent count; the capacity is then every row, so it never records the step graph again (peer_rows.py).
+    Off until measured on two GPUs."""
     exchange_all_to_all_from: int = 4
     """From this many GPUs on, the compacted exchange routes each gradient row to an owner GPU (an all-to-all), which
     sums what it gets and all-gathers the sums; with fewer, every GPU's rows are all-gathered. Chosen by the bytes
@@ -112,8 +117,22 @@ class ByteSplatPipeline(VanillaPipeline):
         late = config.exchange_one_step_late and world_size > 1
         if late:
             self._check_one_step_late(config, world_size)
+        peer_reads = config.exchange_peer_reads and world_size > 1
+        if peer_reads:
+            self._check_peer_reads(config, kernels, late)
         return SparseRowExchange(half=config.half_precision_exchange, kernels=kernels,
-                                 all_to_all_from=config.exchange_all_to_all_from, one_step_late=late)  # fmt: skip
+                                 all_to_all_from=config.exchange_all_to_all_from, one_step_late=late,
+                                 peer_reads=peer_reads)  # fmt: skip
+
+    @staticmethod
+    def _check_peer_reads(config: ByteSplatPipelineConfig, kernels: bool, late: bool) -> None:
+        """Peers read the rows with the exchange's CUDA kernels, each step's rows in that step (peer_rows.py)."""
+        if config.exchange != "compact" or not kernels or late:
+            raise BadInputError(
+                "--pipeline.exchange-peer-reads True reads the compacted rows with the exchange's CUDA kernels, in "
+                "their own step: it needs --pipeline.exchange compact, --pipeline.exchange-kernels True, CUDA GPUs "
+                "and --pipeline.exchange-one-step-late False. Change those or drop the option."
+            )
 
     def _check_one_step_late(self, config: ByteSplatPipelineConfig, world_size: int) -> None:
         """The late exchange carries the splat gradients alone, all-gathered (late_update.py)."""

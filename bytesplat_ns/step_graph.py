@@ -27,7 +27,8 @@ op by op.
 
 Several GPUs (one process each): the graph holds the compacted gradient exchange's device part (pack, NCCL
 all-gather, unpack; from `--pipeline.exchange-all-to-all-from` GPUs a routing round first: pack per owner, NCCL
-all-to-all, sum: grad_compaction.py) between backward and Adam. Its host parts run around each replay: before,
+all-to-all, sum; or, peers reading the rows, a barrier, pack, a barrier, unpack from the peers' memory:
+peer_rows.py) between backward and Adam. Its host parts run around each replay: before,
 the late read of earlier headers sets the capacity and this step's note goes into a device tensor; after, the
 gathered headers start their copy to the host. The graph is recorded again when a capacity or a residual
 buffer changes, or the exchange turns into a dense all-reduce or back (grad_compaction.py); all follow from the

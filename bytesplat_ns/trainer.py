@@ -564,6 +564,8 @@ class ByteSplatTrainer(Trainer):
         if self.stop_training and self.step > self._start_step:
             self.step -= 1  # the loop stopped before running this step
         self._apply_pending(self.step)  # every rank, before rank 0 evaluates and saves
+        if isinstance(self.pipeline.exchange, SparseRowExchange):
+            self.pipeline.exchange.close()  # every rank: regions the peers read (peer_rows.py)
         if not self.is_main:
             return
         if self.config.summary_eval and self.pipeline.datamanager.eval_dataset:

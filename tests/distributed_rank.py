@@ -3,9 +3,9 @@
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
 [--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--match-view-costs]
-[--one-step-late] [--alone-as-rank-0-of-2]`. Each rank trains the small built-in scene and writes ROOT/rank{RANK}.pt:
-its splat count after every step, the training camera it drew at every step, its final parameters and its step
-graph's counts (one step late: whether rows were pending after each step).
+[--one-step-late] [--peer-reads] [--alone-as-rank-0-of-2]`. Each rank trains the small built-in scene and writes
+ROOT/rank{RANK}.pt: its splat count after every step, the training camera it drew at every step, its final
+parameters and its step graph's counts (one step late: whether rows were pending after each step).
 --cuda: NCCL, GPU RANK, a white background (the default CUDA path: fused renderer, step graph).
 --half-exchange: float16 values in the gradient exchange. The test scene's few hundred splats are mostly in every
 view, so with float32 values the compacted rows would outweigh a dense all-reduce and every exchange is that
@@ -14,6 +14,7 @@ all-reduce (grad_compaction.py); float16 rows are half as large, so the exchange
 --exchange KIND: --pipeline.exchange (compact by default; screen: screen_exchange.py).
 --match-view-costs: matched draws (--pipeline.datamanager.match-view-costs True, datamanager.py).
 --one-step-late: each step's averaged gradients applied at the next (--pipeline.exchange-one-step-late True).
+--peer-reads: each rank reads the others' rows from their memory (--pipeline.exchange-peer-reads True; GPUs).
 --alone-as-rank-0-of-2: WORLD must be 1; the trainer is set up as rank 0 of two (two views' schedule, half the
 cameras, the exchange) in a process group of this process alone, as benchmarks/lone_rank.py runs it: what a
 rank's own step does with several GPUs, on one GPU.
@@ -69,7 +70,8 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
              load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False,
              half_exchange: bool = False, route_from: int | None = None,
              exchange: str = "compact", match_view_costs: bool = False,
-             one_step_late: bool = False, alone_as_rank_0_of_2: bool = False) -> None:  # fmt: skip
+             one_step_late: bool = False, alone_as_rank_0_of_2: bool = False,
+             peer_reads: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
     SIGINT: asks to stop). `pause_at`: rank 0 pauses there as the viewer's pause button does, resuming PAUSE_S after
     the ranks agreed to pause."""
@@ -80,6 +82,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     config.pipeline.exchange = exchange
     config.pipeline.datamanager.match_view_costs = match_view_costs
     config.pipeline.exchange_one_step_late = one_step_late
+    config.pipeline.exchange_peer_reads = peer_reads
     if route_from is not None:
         config.pipeline.exchange_all_to_all_from = route_from
     if cuda:
@@ -164,11 +167,12 @@ def main() -> None:
     parser.add_argument("--match-view-costs", action="store_true")
     parser.add_argument("--one-step-late", action="store_true")
     parser.add_argument("--alone-as-rank-0-of-2", action="store_true")
+    parser.add_argument("--peer-reads", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
     run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
              args.cuda, args.half_exchange, args.route_from, args.exchange, args.match_view_costs,
-             args.one_step_late, args.alone_as_rank_0_of_2)  # fmt: skip
+             args.one_step_late, args.alone_as_rank_0_of_2, args.peer_reads)  # fmt: skip
 
 
 if __name__ == "__main__":

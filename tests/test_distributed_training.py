@@ -277,20 +277,38 @@ def test_a_lone_rank_replays_its_steps_one_step_late(tmp_path):
         assert torch.isfinite(param).all(), name
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the step graph needs a CUDA GPU")
+def test_a_lone_rank_replays_its_steps_reading_peer_rows(tmp_path):
+    """One GPU standing in for rank 0 of two, the exchange reading peers' rows from their memory (peer_rows.py): its
+    steps replayed from the step graph, refines changing the splat count (its region made again as they outgrow
+    it), finite parameters, the region freed at the end."""
+    views = 400  # refines until view 200, then steady steps
+    finish(start_ranks(tmp_path, 1, "--views", str(views), "--cuda", "--peer-reads", "--alone-as-rank-0-of-2"))
+    record = torch.load(tmp_path / "rank0.pt")
+    assert record["graph_off"] is None
+    captures, replays = record["graph"]
+    assert replays >= views // 4, record["graph"]
+    assert len(set(record["counts"])) > 1, "no refine changed the splat count"
+    for name, param in record["params"].items():
+        assert torch.isfinite(param).all(), name
+
+
 @pytest.mark.two_gpus
-@pytest.mark.parametrize("values", ["float32", "float16", "float16-routed", "screen", "one-step-late"])
+@pytest.mark.parametrize("values", ["float32", "float16", "float16-routed", "screen", "one-step-late", "peer-reads"])
 def test_two_gpus_replay_the_step_graph_and_stay_identical(tmp_path, values):
     """On GPUs each rank replays its step, the exchange inside, as a CUDA graph (step_graph.py): the splat counts are
     equal after every step and the parameters at the end, as op by op. With float32 values the test scene's
     exchange is a dense all-reduce, with float16 compacted rows (distributed_rank.py), all-gathered or routed to
     owners (NCCL all-to-all in the graph); or the screen exchange (each rank backpropagates every view); or one step
-    late (float32 compacted rows, gathered on a side stream beside the next step's render)."""
+    late (float32 compacted rows, gathered on a side stream beside the next step's render); or each rank reading the
+    other's compacted rows from its memory (peer_rows.py)."""
     views = 400  # refines until view 200, then steady steps
     half = ["--half-exchange"] if values.startswith("float16") else []
     routed = ["--route-from", "2"] if values.endswith("routed") else []
     screen = ["--exchange", "screen"] if values == "screen" else []
     late = ["--one-step-late"] if values == "one-step-late" else []
-    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda", *half, *routed, *screen, *late))
+    peers = ["--peer-reads"] if values == "peer-reads" else []
+    finish(start_ranks(tmp_path, 2, "--views", str(views), "--cuda", *half, *routed, *screen, *late, *peers))
     records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for record in records:
         assert record["graph_off"] is None

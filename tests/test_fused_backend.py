@@ -185,7 +185,7 @@ def test_cuda_sources_compile(tmp_path):
          str(src), "-o", str(tmp_path / f"{src.stem}.o")]
         for src in sources
     ])  # fmt: skip
-    assert len(list(tmp_path.glob("*.o"))) == len(sources) == 9
+    assert len(list(tmp_path.glob("*.o"))) == len(sources) == 10
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None, reason="needs g++ and the CUDA headers")

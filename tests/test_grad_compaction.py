@@ -67,7 +67,7 @@ class _ReplayedExchange:
     def __init__(self, exchange: SparseRowExchange, like: list[torch.Tensor], columns: list | None = None) -> None:
         self.exchange, self.columns = exchange, columns
         self.grads = [torch.zeros_like(g) for g in like]
-        self.visible = torch.zeros(ROWS, dtype=torch.int32, device=like[0].device)
+        self.visible = torch.zeros(like[0].shape[0], dtype=torch.int32, device=like[0].device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
         self.recordings = 0

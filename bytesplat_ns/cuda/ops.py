@@ -25,6 +25,12 @@ side. For 16-pixel tiles 4 is what the kernel's register budget allows (kMinBloc
 csrc/rasterize_fused.cu: keep the two equal); on the H200 it ran faster than 2 or 3 on both benchmark scenes
 (benchmarks/RESULTS.md, sixth session). More would only shrink the capacity: registers keep at most 4 blocks on an
 SM. 8-pixel tiles get the same share per block (more splats fit: their blocks' fixed part is smaller)."""
+PEER_FLAG_BYTES = 256
+"""A peer region's leading bytes, the barrier's flags (kPeerFlagBytes in csrc/peer_memory.h): rows start after them."""
+PEER_CHANNELS = 4
+"""Barriers that can be told apart in a peer region's flags (kPeerChannels in csrc/peer_memory.h)."""
+PEER_RANKS = 8
+"""The most ranks that read each other's regions (kMaxPeerRanks in csrc/peer_memory.h)."""
 SMALL_TILE_WAVES = 2
 """`tile_size_for` takes 8-pixel tiles for images with fewer 16-pixel tiles than this many waves of fused-kernel
 blocks (SMs x BLOCKS_PER_SM)."""
@@ -374,8 +380,8 @@ def pack_rows(
 
 def unpack_rows(
     grads: list[Tensor],  # each [N, ...] float32, contiguous; overwritten
-    gathered: Tensor,  # [W, capacity + 1, slots + D]: every rank's buffer from pack_rows
-    capacity: int,
+    gathered: Tensor | list[Tensor],  # [W, capacity + 1, slots + D], or W of [capacity + 1, slots + D]: every
+    capacity: int,  # rank's buffer from pack_rows (an all-gather's output, or peers' regions: peer_rows.py)
     scale: float,
     index_divisor: int = 1,
     zeroed: bool = False,
@@ -387,7 +393,37 @@ def unpack_rows(
     rows already (a pack with `own_scale` = scale left them so), and the other ranks' rows are added to them (with
     two ranks, a + b on one and b + a on the other: the same bits). -> the ranks' header rows [W, 3] int32 (row
     count, note, third value)."""
-    return ext().unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
+    buffers = list(gathered.unbind(0)) if isinstance(gathered, Tensor) else gathered
+    return ext().unpack_rows(grads, buffers, capacity, scale, index_divisor, zeroed, own_rank)
+
+
+def peer_region(num_bytes: int, device: torch.device) -> Tensor:
+    """-> [num_bytes] uint8: device memory of its own allocation that other processes can map (CUDA IPC), its first
+    PEER_FLAG_BYTES the barrier's flags (zeroed), then room for rows (csrc/peer_memory.h)."""
+    return ext().peer_region(num_bytes, _index(device))
+
+
+def peer_handle(region: Tensor) -> Tensor:
+    """-> [64] uint8 on the CPU: the IPC handle of a `peer_region`, for the other processes."""
+    return ext().peer_handle(region)
+
+
+def open_peer_region(handle: Tensor, num_bytes: int, device: torch.device) -> Tensor:
+    """-> [num_bytes] uint8 on `device`: another process's `peer_region`, mapped from its handle."""
+    return ext().open_peer_region(handle, num_bytes, _index(device))
+
+
+def peer_barrier(
+    regions: list[Tensor],  # every rank's region as mapped here, in rank order
+    counter: Tensor,  # [PEER_CHANNELS] int32 on this rank's device: its epochs, zeroed with the regions
+    channel: int,
+    rank: int,
+    timeout_s: float,
+) -> None:
+    """Every rank waits, on the GPU (the current stream), until every other has reached this barrier on `channel`,
+    what each wrote before it visible to the others; graph-replayable. A rank that has not arrived after
+    `timeout_s` fails the kernel with a message."""
+    ext().peer_barrier(regions, counter, channel, rank, timeout_s)
 
 
 def ssim(

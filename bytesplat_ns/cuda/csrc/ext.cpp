@@ -2,6 +2,7 @@
 #include "adam.h"
 #include "bin_tiles.h"
 #include "common.h"
+#include "peer_memory.h"
 #include "prune_tiles.h"
 #include "rasterize_forward.h"
 #include "rasterize_fused.h"
@@ -21,6 +22,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_capacity", &bytesplat::fused_capacity, "Splats per tile held on-chip by the fused kernel");
   m.def("pack_rows", &bytesplat::pack_rows, "The exchange's non-zero gradient rows into one buffer");
   m.def("unpack_rows", &bytesplat::unpack_rows, "Every rank's exchanged rows, scaled and summed into the zeroed gradients; returns the headers");
+  m.def("peer_region", &bytesplat::peer_region, "A region of device memory other processes can map (CUDA IPC)");
+  m.def("peer_handle", &bytesplat::peer_handle, "The IPC handle of a peer region");
+  m.def("open_peer_region", &bytesplat::open_peer_region, "Another process's peer region, mapped here");
+  m.def("peer_barrier", &bytesplat::peer_barrier, "A barrier among the ranks of one machine, on the GPU");
   m.def("ssim_forward", &bytesplat::ssim_forward, "SSIM per block and its derivatives w.r.t. the moments of y");
   m.def("ssim_backward", &bytesplat::ssim_backward, "dSSIM/dy from the forward's derivative maps");
   m.def("scale_grads", &bytesplat::scale_grads, "Gradients times a device scalar in place, in one launch; nothing done when it is 1");

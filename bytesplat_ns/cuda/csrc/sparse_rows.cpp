@@ -119,15 +119,20 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   return buffer;
 }
 
-at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale, int64_t index_divisor, bool zeroed, int64_t own_rank) {
+at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& buffers,
+                       int64_t capacity, double scale, int64_t index_divisor, bool zeroed, int64_t own_rank) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
-  const bool half = gathered.scalar_type() == at::kHalf;
-  BYTESPLAT_CHECK_INPUT(gathered, half ? at::kHalf : at::kFloat);
-  BYTESPLAT_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, "gathered must be [ranks, capacity + 1, slots + D]");
-  const int64_t ranks = gathered.size(0), width = row_slots(half) + parts.values;
-  check_shape(gathered, {ranks, capacity + 1, width}, "gathered");
+  const int64_t ranks = static_cast<int64_t>(buffers.size());
+  BYTESPLAT_CHECK(ranks >= 1, "unpack_rows needs every rank's buffer, got none");
+  const bool half = buffers[0].scalar_type() == at::kHalf;
+  const int64_t width = row_slots(half) + parts.values;
+  for (const at::Tensor& buffer : buffers) {
+    BYTESPLAT_CHECK_INPUT(buffer, half ? at::kHalf : at::kFloat);
+    check_shape(buffer, {capacity + 1, width}, "each rank's buffer");
+    BYTESPLAT_CHECK(buffer.device() == grads[0].device(), "every buffer must be on (or mapped to) the gradients' ",
+                    "device ", grads[0].device());
+  }
   check_header_fits(parts.values, half);
   BYTESPLAT_CHECK(index_divisor >= 1 && index_divisor < (int64_t{1} << 31), "index_divisor must be a positive int32");
   BYTESPLAT_CHECK(own_rank < ranks, "own_rank must be one of the ", ranks, " ranks gathered, or -1 for none");
@@ -140,18 +145,17 @@ at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& g
       g.zero_();  // a view of each row's leading values: those alone
     }
   }
-  const int64_t rank_bytes = (capacity + 1) * width * gathered.element_size();
-  const char* base = static_cast<const char*>(gathered.data_ptr());
   for (int64_t r = 0; r < ranks; ++r) {  // in rank order: the same sums on every rank
     if (r == own_rank) continue;  // in the gradients already
-    const UnpackParams p{parts, base + r * rank_bytes, half, static_cast<int>(capacity), static_cast<float>(scale),
+    const UnpackParams p{parts, buffers[r].data_ptr(), half, static_cast<int>(capacity), static_cast<float>(scale),
                          static_cast<int>(index_divisor), r == 0 && own_rank < 0};
     BYTESPLAT_CHECK_CUDA_STATUS(launch_unpack_rows(p, stream));
   }
-  at::Tensor headers = at::empty({ranks, kHeaderInts}, gathered.options().dtype(at::kInt));
-  BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpy2DAsync(headers.data_ptr(), kHeaderInts * sizeof(int32_t), base, rank_bytes,
-                                                kHeaderInts * sizeof(int32_t), ranks, cudaMemcpyDeviceToDevice,
-                                                stream));
+  at::Tensor headers = at::empty({ranks, kHeaderInts}, grads[0].options().dtype(at::kInt));
+  for (int64_t r = 0; r < ranks; ++r) {  // each rank's header row (a peer's read where it lies)
+    BYTESPLAT_CHECK_CUDA_STATUS(cudaMemcpyAsync(headers.data_ptr<int32_t>() + r * kHeaderInts, buffers[r].data_ptr(),
+                                                kHeaderInts * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
+  }
   return headers;
 }
 

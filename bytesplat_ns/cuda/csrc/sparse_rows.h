@@ -39,7 +39,7 @@
 //         its buffer is skipped and the others' rows are added to what the gradients hold (nothing zeroed first).
 //         Products and sums are rounded one by one (no fused multiply-add), so own_scale x a + scale x b is the
 //         same bits on the rank that sent a and on the one that sent b.
-//         The ranks' header rows come back as one small [ranks, kHeaderInts] tensor (one strided copy, no kernel).
+//         The ranks' header rows come back as one small [ranks, kHeaderInts] tensor (a copy each, no kernel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -119,11 +119,12 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // read (
                      int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
                      int64_t index_offset, bool clear, double own_scale);
 
-// grads[p] = scale * the sum of every rank's rows in `gathered` [ranks, capacity + 1, slots + D], added in rank
-// order (`zeroed`: grads hold zeros already; `own_rank` >= 0: they hold that rank's rows, scaled, and the others'
-// are added to them). -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note, third value).
-at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const at::Tensor& gathered, int64_t capacity,
-                       double scale, int64_t index_divisor, bool zeroed, int64_t own_rank);
+// grads[p] = scale * the sum of every rank's rows in `buffers` (one per rank, each [capacity + 1, slots + D]: slices
+// of an all-gather's output, or peers' regions mapped here, peer_memory.h), added in rank order (`zeroed`: grads
+// hold zeros already; `own_rank` >= 0: they hold that rank's rows, scaled, and the others' are added to them).
+// -> the ranks' headers [ranks, kHeaderInts] int32 (row count, note, third value).
+at::Tensor unpack_rows(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& buffers,
+                       int64_t capacity, double scale, int64_t index_divisor, bool zeroed, int64_t own_rank);
 
 }  // namespace bytesplat
 #endif
