@@ -575,11 +575,10 @@ class SparseRowExchange:
 
     def _unpack(self, grads: list[Tensor], gathered: Tensor | list[Tensor], capacity: int, scale: float,
                 index_divisor: int = 1, zeroed: bool = False, own_rank: int = -1) -> Tensor:  # fmt: skip
-        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D] (or W buffers [capacity +
-        1, slots + D]: the peers' regions), row i added at i //
-        index_divisor, in rank order into zeros (the same bits on every rank); `zeroed`: a `clear` pack left `grads`
-        zero (with the kernels: not zeroed again); `own_rank` (kernels): they hold that rank's rows, scaled, already.
-        -> the headers [W, 3] int32."""
+        """grads = scale * the sum of the rows of `gathered` [W, capacity + 1, slots + D] (or W buffers of [capacity
+        + 1, slots + D]: the peers' regions), row i added at i // index_divisor, in rank order into zeros (the same
+        bits on every rank); `zeroed`: a `clear` pack left `grads` zero (with the kernels: not zeroed again);
+        `own_rank` (kernels): they hold that rank's rows, scaled, already. -> the headers [W, 3] int32."""
         if self._on_kernels(grads):  # one call
             return ops.unpack_rows(grads, gathered, capacity, scale, index_divisor, zeroed, own_rank)
         num_rows, widths = grads[0].shape[0], [g[0].numel() for g in grads]
