@@ -260,21 +260,29 @@ def test_views_per_step_rule():
     assert resumed_start_step(100, 2, 4) == 50 and resumed_start_step(100, 4, 1) == 400
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the step graph needs a CUDA GPU")
-def test_a_lone_rank_replays_its_steps_one_step_late(tmp_path):
-    """One GPU standing in for rank 0 of two (tests/distributed_rank.py), one step late: its steps replayed from the
-    step graph (the gather of the step before's rows on a side stream beside the render), the packed rows applied
-    before every refine and opacity reset, finite parameters."""
+def _lone_rank_replays(tmp_path, *options: str) -> dict:
+    """Train one GPU standing in for rank 0 of two (tests/distributed_rank.py) with `options`; check that its steps
+    were replayed from the step graph, that refines changed the splat count and that the parameters are finite.
+    -> the rank's record."""
     views = 400  # refines until view 200, then steady steps
-    finish(start_ranks(tmp_path, 1, "--views", str(views), "--cuda", "--one-step-late", "--alone-as-rank-0-of-2"))
+    finish(start_ranks(tmp_path, 1, "--views", str(views), "--cuda", *options, "--alone-as-rank-0-of-2"))
     record = torch.load(tmp_path / "rank0.pt")
     assert record["graph_off"] is None
     captures, replays = record["graph"]
     assert replays >= views // 4, record["graph"]
     assert len(set(record["counts"])) > 1, "no refine changed the splat count"
-    assert all(rows != edits for rows, edits in record["pending"]), record["pending"]
     for name, param in record["params"].items():
         assert torch.isfinite(param).all(), name
+    return record
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the step graph needs a CUDA GPU")
+def test_a_lone_rank_replays_its_steps_one_step_late(tmp_path):
+    """One GPU standing in for rank 0 of two (tests/distributed_rank.py), one step late: its steps replayed from the
+    step graph (the gather of the step before's rows on a side stream beside the render), the packed rows applied
+    before every refine and opacity reset, finite parameters."""
+    record = _lone_rank_replays(tmp_path, "--one-step-late")
+    assert all(rows != edits for rows, edits in record["pending"]), record["pending"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the step graph needs a CUDA GPU")
@@ -282,15 +290,7 @@ def test_a_lone_rank_replays_its_steps_reading_peer_rows(tmp_path):
     """One GPU standing in for rank 0 of two, the exchange reading peers' rows from their memory (peer_rows.py): its
     steps replayed from the step graph, refines changing the splat count (its region made again as they outgrow
     it), finite parameters, the region freed at the end."""
-    views = 400  # refines until view 200, then steady steps
-    finish(start_ranks(tmp_path, 1, "--views", str(views), "--cuda", "--peer-reads", "--alone-as-rank-0-of-2"))
-    record = torch.load(tmp_path / "rank0.pt")
-    assert record["graph_off"] is None
-    captures, replays = record["graph"]
-    assert replays >= views // 4, record["graph"]
-    assert len(set(record["counts"])) > 1, "no refine changed the splat count"
-    for name, param in record["params"].items():
-        assert torch.isfinite(param).all(), name
+    _lone_rank_replays(tmp_path, "--peer-reads")
 
 
 @pytest.mark.two_gpus

@@ -47,10 +47,15 @@ def zero_past(grad: torch.Tensor, columns: int | None) -> torch.Tensor:
     return grad
 
 
+def touched_rows(grads: list[torch.Tensor]) -> torch.Tensor:
+    """[N] bool: the rows of `grads` (all [N, ...]) with a non-zero value."""
+    return torch.cat([g.reshape(len(g), -1) for g in grads], 1).ne(0).any(1)
+
+
 def in_view(grads: list[torch.Tensor], rank: int, step: int) -> torch.Tensor:
-    """[ROWS] int32 screen radii as a render would give them: non-zero on every touched row and on some others."""
-    touched = torch.cat([g.reshape(ROWS, -1) for g in grads], 1).ne(0).any(1)
-    others = torch.rand(ROWS, generator=torch.Generator().manual_seed(100 * rank + step)) < 0.1
+    """[N] int32 screen radii as a render would give them: non-zero on every touched row and on some others."""
+    touched = touched_rows(grads)
+    others = torch.rand(len(touched), generator=torch.Generator().manual_seed(100 * rank + step)) < 0.1
     return (touched.cpu() | others).int().mul(3).to(grads[0].device)
 
 

@@ -24,9 +24,11 @@ from tests.test_grad_compaction import (
     SHAPES,
     STEPS,
     _ReplayedExchange,
+    in_view,
     join_process_group,
     make_grad,
     relative,
+    touched_rows,
     zero_past,
 )
 
@@ -40,18 +42,6 @@ def _grads(case: str, rank: int, step: int, rows: int, columns: list, device) ->
     if rows != ROWS:  # the grown scene: the same rows, then as many again and more
         grads = [torch.cat([g, g, g[: rows - 2 * ROWS]]) for g in grads]
     return [g.to(device) for g in grads]
-
-
-def _touched(grads: list[torch.Tensor]) -> torch.Tensor:
-    """[N] bool: the rows with a non-zero value."""
-    return torch.cat([g.reshape(len(g), -1) for g in grads], 1).ne(0).any(1)
-
-
-def _in_view(grads: list[torch.Tensor], rank: int, step: int) -> torch.Tensor:
-    """[N] int32 screen radii as a render would give them: non-zero on every touched row and on some others."""
-    touched = _touched(grads).cpu()
-    others = torch.rand(len(touched), generator=torch.Generator().manual_seed(100 * rank + step)) < 0.1
-    return (touched | others).int().mul(3).to(grads[0].device)
 
 
 def _worker(rank: int, world: int, init_file: str, backend: str, half: bool, graph: bool, columns) -> None:
@@ -68,11 +58,11 @@ def _worker(rank: int, world: int, init_file: str, backend: str, half: bool, gra
         steps = [(ROWS, case) for case in STEPS] + [(GROWN, case) for case in ("sparse", "dense", "sparse")]
         for step, (rows, case) in enumerate(steps):
             grads = _grads(case, rank, step, rows, per_part, device)
-            counts.append(int(_touched(grads).sum()))
+            counts.append(int(touched_rows(grads).sum()))
             want = [g.clone() for g in grads]
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
-            visible = _in_view(grads, rank, step)  # the pack kernel leaves the other rows unread
+            visible = in_view(grads, rank, step)  # the pack kernel leaves the other rows unread
             if graph:
                 if rows not in replayed:
                     replayed[rows] = _ReplayedExchange(exchange, [torch.zeros_like(g) for g in grads], columns)

@@ -4,6 +4,22 @@
 #include <cstring>
 
 namespace bytesplat {
+namespace {
+
+// [bytes] uint8 over device memory at `ptr` on `device`, handed back by `release` (cudaFree for a region of this
+// process, cudaIpcCloseMemHandle for a peer's mapping) when the tensor is freed.
+at::Tensor device_bytes(void* ptr, int64_t bytes, int64_t device, cudaError_t (*release)(void*)) {
+  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
+  return at::from_blob(
+      ptr, {bytes},
+      [device, release](void* p) {
+        const c10::cuda::CUDAGuard release_guard(static_cast<c10::DeviceIndex>(device));
+        release(p);
+      },
+      options);
+}
+
+}  // namespace
 
 at::Tensor peer_region(int64_t bytes, int64_t device) {
   BYTESPLAT_CHECK(bytes > kPeerFlagBytes, "a peer region holds its ", kPeerFlagBytes, " bytes of flags and rows");
@@ -11,14 +27,7 @@ at::Tensor peer_region(int64_t bytes, int64_t device) {
   void* ptr = nullptr;
   BYTESPLAT_CHECK_CUDA_STATUS(cudaMalloc(&ptr, bytes));
   BYTESPLAT_CHECK_CUDA_STATUS(cudaMemset(ptr, 0, kPeerFlagBytes));
-  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
-  return at::from_blob(
-      ptr, {bytes},
-      [device](void* p) {
-        const c10::cuda::CUDAGuard free_guard(static_cast<c10::DeviceIndex>(device));
-        cudaFree(p);
-      },
-      options);
+  return device_bytes(ptr, bytes, device, cudaFree);
 }
 
 at::Tensor peer_handle(const at::Tensor& region) {
@@ -40,14 +49,7 @@ at::Tensor open_peer_region(const at::Tensor& handle, int64_t bytes, int64_t dev
   std::memcpy(&h, handle.data_ptr(), sizeof(h));
   void* ptr = nullptr;
   BYTESPLAT_CHECK_CUDA_STATUS(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
-  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
-  return at::from_blob(
-      ptr, {bytes},
-      [device](void* p) {
-        const c10::cuda::CUDAGuard close_guard(static_cast<c10::DeviceIndex>(device));
-        cudaIpcCloseMemHandle(p);
-      },
-      options);
+  return device_bytes(ptr, bytes, device, cudaIpcCloseMemHandle);
 }
 
 void peer_barrier(const std::vector<at::Tensor>& regions, const at::Tensor& counter, int64_t channel, int64_t rank,
