@@ -18,7 +18,9 @@ scenes:
   owners (from 4);
 - the pack kernel alone: with nothing held back from earlier steps (the steady state: the residual is not read),
   that and told the view, and with a row held back (after a step whose rows overflowed the capacity: the residual
-  is read and rewritten, which every pack did before the held rows were counted); the unpack call alone, zeroing
+  is read and rewritten, which every pack did before the held rows were counted); and as peers reading the rows
+  run it (every row fits; told the view; a rank's share kept in place), at every value and at SH degree 1: the
+  touched rows in tiles against every row in view sent whole (`send_in_view`); the unpack call alone, zeroing
   the gradients then adding the rows, adding them into gradients a `clear` pack left zero (as the exchange did
   with three ranks), and adding them to gradients holding a rank's own rows (as the other rank's are with two);
 - for scale: a device copy of the [N, 59] gradients (one read and one write of them);
@@ -49,7 +51,7 @@ from scaling_runs import add_room_options, train_room  # noqa: E402
 
 from bytesplat_ns.camera_matrices import viewmat_from_camera_to_world  # noqa: E402
 from bytesplat_ns.cuda import ops  # noqa: E402
-from bytesplat_ns.grad_compaction import SparseRowExchange  # noqa: E402
+from bytesplat_ns.grad_compaction import SparseRowExchange, leading_values  # noqa: E402
 from bytesplat_ns.model import sh_rest_values  # noqa: E402
 from bytesplat_ns.render import RasterCamera  # noqa: E402
 
@@ -140,7 +142,27 @@ def pack_us(grads: list[torch.Tensor], runs: int, visible: torch.Tensor) -> dict
         held_rows.fill_(1)
 
     holding = median_us(lambda: ops.pack_rows(grads, capacity, 0, False, residual, held_rows), runs, hold_one_row)
-    return {"capacity": capacity, "nothing_held_us": steady, "in_view_us": in_view, "one_row_held_us": holding}
+    sh1, columns = sh_degree_columns(grads, 1)
+    return {"capacity": capacity, "nothing_held_us": steady, "in_view_us": in_view, "one_row_held_us": holding,
+            **peer_pack_us(grads, runs, visible), **peer_pack_us(sh1, runs, visible, columns, "_sh1")}  # fmt: skip
+
+
+def peer_pack_us(grads: list[torch.Tensor], runs: int, visible: torch.Tensor, columns: list | None = None,
+                 suffix: str = "") -> dict[str, float]:  # fmt: skip
+    """The pack as peers reading the rows run it (every row fits, no residual; two ranks: this rank's share of the
+    mean kept in place), told the view, of the values in use (`columns`): the touched rows in tiles, and every row
+    in view sent whole (`send_in_view`, which peer reads use)."""
+    work = [g.clone() for g in grads]
+    values = leading_values(work, columns)  # [N, c] each
+
+    def pack(whole: bool) -> None:
+        ops.pack_rows(values, len(work[0]), 0, False, visible=visible, clear=True, own_scale=0.5, send_in_view=whole)
+
+    def restore() -> None:  # the pack left this rank's share in them
+        torch._foreach_copy_(work, grads)
+
+    return {f"peer_tiles{suffix}_us": median_us(lambda: pack(False), runs, restore),
+            f"peer_in_view{suffix}_us": median_us(lambda: pack(True), runs, restore)}  # fmt: skip
 
 
 def unpack_us(grads: list[torch.Tensor], runs: int) -> dict[str, float]:
@@ -270,7 +292,7 @@ def main() -> None:
         print(f"{scene}: kernels per exchange (us): {top}")
     print(f"{'scene':<12} {'touched':>8} {'in view':>8} {'MiB':>5} {'graph ag':>9} {'ag view':>8} {'sh0':>6} "
           f"{'sh1':>6} {'sh2':>6} {'routed':>7} {'pack':>6} {'pk view':>8} {'pk held':>8} {'unpack':>7} "
-          f"{'unp 0s':>7} {'unp own':>8} {'copy':>6}")  # fmt: skip
+          f"{'unp 0s':>7} {'unp own':>8} {'copy':>6} {'pk tiles':>9} {'pk whole':>9}")  # fmt: skip
     for scene, r in results.items():
         ex, pack, unpack = r["exchange_replayed_us"], r["pack"], r["unpack_us"]
         print(f"{scene:<12} {100 * r['touched_fraction']:7.1f}% {100 * r['in_view_fraction']:7.1f}% "
@@ -279,12 +301,15 @@ def main() -> None:
               f"{ex['all_gather_told_view_sh2']:6.0f} {ex['routed']:7.0f} "
               f"{pack['nothing_held_us']:6.0f} {pack['in_view_us']:8.0f} {pack['one_row_held_us']:8.0f} "
               f"{unpack['zeroing_us']:7.0f} {unpack['into_zeros_us']:7.0f} {unpack['onto_own_rows_us']:8.0f} "
-              f"{r['copy_of_gradients_us']:6.0f}")  # fmt: skip
+              f"{r['copy_of_gradients_us']:6.0f} {pack['peer_tiles_sh1_us']:9.0f} "
+              f"{pack['peer_in_view_sh1_us']:9.0f}")  # fmt: skip
     print(
         f"(one rank on {record['device']}; microseconds, median of {args.runs}; graph ag / ag view / routed: the "
         "exchange's device part replayed from a CUDA graph, rows all-gathered (told the view's radii or not; sh0-2: "
         "told, at SH degree 0-2, only the values in use sent) / routed to owners; pk: pack kernel; unp 0s: unpack "
-        "into gradients a clear pack left zero; unp own: the other rank's rows onto a rank's own, kept in place)"
+        "into gradients a clear pack left zero; unp own: the other rank's rows onto a rank's own, kept in place; pk "
+        "tiles / whole: the pack as peer reads run it, at SH degree 1, the touched rows in tiles / every row in view "
+        "sent whole)"
     )
 
 

@@ -54,7 +54,9 @@ Peers reading the rows (`peer_reads`, peer_rows.py; the kernels, ranks on one ma
 packs into a region the other ranks have mapped, and each unpacks its peers' rows straight from their regions,
 as many as their headers count; the capacity is every row, so nothing is held back, the capacity changes only
 with the splat count, and the bytes that travel are the rows counted (`ExchangeStats.sent_bytes` counts them from
-the headers read `lag` exchanges late). Neither routed nor dense.
+the headers read `lag` exchanges late). Where the render says which rows are in view and they are few, a rank
+sends every row in view, zeros included (the pack then needs no test of each row's values nor a slot taken by
+an atomic). Neither routed nor dense.
 
 When the compacted buffers would carry more bytes than a dense ring all-reduce of the same gradients (so at
 capacities near N, which is what the first `lag` exchanges use, or when many ranks' views overlap), the exchange is
@@ -386,7 +388,7 @@ class SparseRowExchange:
         own_scale = 1.0 / world if own_rank >= 0 else 0.0
         self._peers.barrier(FREE)
         self._pack(grads, self.capacity, None, visible=visible, clear=True, own_scale=own_scale,
-                   out=buffers[rank].unsqueeze(0))  # fmt: skip
+                   out=buffers[rank].unsqueeze(0), send_in_view=True)  # fmt: skip
         self._peers.barrier(READY)
         laps.lap("pack")
         self._gathered_headers = self._unpack(grads, buffers, self.capacity, 1.0 / world, zeroed=True,
@@ -526,16 +528,19 @@ class SparseRowExchange:
 
     def _pack(self, grads: list[Tensor], capacity: int, residual: HeldRows | None, owners: int = 1,
               index_scale: int = 1, index_offset: int = 0, visible: Tensor | None = None,
-              clear: bool = False, own_scale: float = 0.0, out: Tensor | None = None) -> Tensor:  # fmt: skip
+              clear: bool = False, own_scale: float = 0.0, out: Tensor | None = None,
+              send_in_view: bool = False) -> Tensor:  # fmt: skip
         """-> buffers [owners, capacity + 1, slots + D] (`out`, if given) of the touched rows of `grads` (the rows
         `residual` holds added in; the rows that did not fit held there instead), row i in buffer i mod owners and
         named i * index_scale + index_offset, this exchange's note in each header. With the kernels, the rows where
         `visible` is 0 are not read, and `clear` leaves `grads` zero (for `_unpack(..., zeroed=True)`) but for the
-        rows sent, with `own_scale`: own_scale x their sent values (for `_unpack(..., own_rank=rank)`)."""
+        rows sent, with `own_scale`: own_scale x their sent values (for `_unpack(..., own_rank=rank)`);
+        `send_in_view` (one owner, no residual): where few rows are in view, every one of them is sent, zeros
+        included (ops.pack_rows)."""
         if self._on_kernels(grads):  # one launch; rows in no particular order
             values, count = (residual.values, residual.count) if residual is not None else (None, None)
             buffer = ops.pack_rows(grads, capacity, 0, self.half, values, count, owners, index_scale, index_offset,
-                                   visible, clear, own_scale, out)  # fmt: skip
+                                   visible, clear, own_scale, out, send_in_view and visible is not None)  # fmt: skip
         else:
             buffer = self._pack_torch(grads, capacity, residual, owners, index_scale, index_offset, out)
         _put_header_int(buffer, 1, self._note)

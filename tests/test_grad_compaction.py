@@ -512,6 +512,54 @@ def test_pack_kernel_skips_rows_out_of_view_and_clears_what_it_read(share, held,
     assert all(torch.equal(z, g) for z, g in zip(zeros, got))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("own_scale", [0.0, 0.5])  # cleared to zeros; this rank's share kept in place
+@pytest.mark.parametrize("share", [0.2, 0.9])  # rows in view listed and sent whole; most: every row read as before
+def test_pack_sends_every_row_in_view_in_order(half, own_scale, share):
+    """`send_in_view`: where few rows are in view, every one of them is sent in row order, zeros and -0.0s
+    included, the count being the rows in view; rows out of view (NaN here) are never read nor written; with
+    `clear` the rows sent hold zeros, or own_scale x their values as the other ranks decode them (-0.0 as +0.0).
+    Where most rows are in view the pack reads every row and sends the touched ones, as without it."""
+    from bytesplat_ns.cuda import ops
+
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(int(share * 10) + half)
+    view = torch.rand(ROWS, generator=generator, device=device) < share  # [N]
+    touched = view & (torch.rand(ROWS, generator=generator, device=device) < 0.7)
+    signed_zeros = view & ~touched & (torch.rand(ROWS, generator=generator, device=device) < 0.5)
+    listed = share < 0.5
+    grads = []
+    for shape in SHAPES:
+        g = torch.randn(ROWS, *shape, generator=generator, device=device) * touched.view(-1, *[1] * len(shape))
+        g[signed_zeros] = -0.0
+        g[~view] = float("nan") if listed else 0.0  # NaN: never read; else zeros, as the caller's word has it
+        grads.append(g)
+    flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)  # [N, D]
+    buffer = ops.pack_rows(grads, ROWS, 0, half, visible=view.int() * 4, clear=True, own_scale=own_scale,
+                           send_in_view=True)  # fmt: skip
+    slots = 2 if half else 1
+    count = int(buffer[0, 0, :slots].clone().view(torch.int32))
+    names = buffer[0, 1 : 1 + count, :slots].clone().view(torch.int32).view(-1).long()
+    sent = buffer[0, 1 : 1 + count, slots:]  # [count, D]
+    if listed:
+        rows = view.nonzero().view(-1)
+        assert count == len(rows) and torch.equal(names, rows)  # every row in view, in row order
+    else:
+        rows = flat.ne(0).any(1).nonzero().view(-1)
+        assert count == len(rows) and torch.equal(names.sort().values, rows)
+    bits = torch.int16 if half else torch.int32
+    assert torch.equal(sent.view(bits), flat[names].to(sent.dtype).view(bits))  # -0.0 sent as it is
+    after = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)
+    want = torch.zeros_like(flat)
+    want[names] = sent.float() * own_scale + 0.0  # -0.0 as +0.0
+    assert torch.equal(after.view(torch.int32)[view], want.view(torch.int32)[view])
+    if listed:
+        assert bool(after[~view].isnan().all())  # never read, never written
+    with pytest.raises(RuntimeError, match="send_in_view"):
+        ops.pack_rows(grads, ROWS, 0, half, clear=True, send_in_view=True)  # no rows in view given
+
+
 @pytest.mark.parametrize("renderer", ["torch", "fused", "gsplat"])
 def test_the_rows_the_exchange_skips_hold_zeros(tmp_path, renderer):
     """model.visible_radii, which the exchange takes as its word: after a training step's backward (at SH degree 3,

@@ -364,6 +364,7 @@ def pack_rows(
     clear: bool = False,
     own_scale: float = 0.0,
     out: Tensor | None = None,  # [owners, capacity + 1, slots + D] to write the buffers into
+    send_in_view: bool = False,
 ) -> Tensor:
     """The compacted exchange's buffers [owners, capacity + 1, slots + D] (csrc/sparse_rows.h), row i in buffer
     i mod owners: a header row (row count, note, 0), then the rows with a non-zero value, in no particular order,
@@ -373,9 +374,11 @@ def pack_rows(
     zeros; ignored while the residual holds rows). `clear`: `grads` are all zeros afterwards; with `own_scale`
     (not 0), but for the rows sent, which hold own_scale x their values as the unpack decodes them (this rank's share
     of the sums, for `unpack_rows(..., own_rank=rank)`). `out`: write the buffers there (a rank's slice of the
-    all-gather's output) instead of a new tensor."""
+    all-gather's output) instead of a new tensor. `send_in_view` (with `visible`, one owner, no residual): where
+    the rows in view are read alone, every one of them is sent, zeros included, in row order (the count is the rows
+    in view), which the kernel does without a test of each row or an atomic."""
     return ext().pack_rows(grads, residual, residual_rows, visible, out, capacity, note, half, owners, index_scale,
-                           index_offset, clear, own_scale)  # fmt: skip
+                           index_offset, clear, own_scale, send_in_view)  # fmt: skip
 
 
 def unpack_rows(

@@ -44,7 +44,7 @@ void check_header_fits(int64_t values, bool half) {
 at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<at::Tensor>& residual,
                      const c10::optional<at::Tensor>& residual_rows, const c10::optional<at::Tensor>& visible,
                      const c10::optional<at::Tensor>& out, int64_t capacity, int64_t note, bool half, int64_t owners,
-                     int64_t index_scale, int64_t index_offset, bool clear, double own_scale) {
+                     int64_t index_scale, int64_t index_offset, bool clear, double own_scale, bool send_in_view) {
   const RowParts parts = row_parts(grads);
   const c10::cuda::CUDAGuard guard(grads[0].device());
   BYTESPLAT_CHECK(owners >= 1 && owners <= kMaxOwners, "owners must be between 1 and ", kMaxOwners, ", got ", owners);
@@ -72,6 +72,9 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
   }
   BYTESPLAT_CHECK(own_scale == 0 || clear, "own_scale writes the sent rows back in place of clear's zeros: ",
                   "pass clear=True with it");
+  BYTESPLAT_CHECK(!send_in_view || (visible.has_value() && owners == 1 && !residual.has_value()),
+                  "send_in_view sends every row in view into one buffer that holds them all: pass `visible`, ",
+                  "owners=1 and no residual with it (or send_in_view=False)");
   const auto dtype = half ? at::kHalf : at::kFloat;
   const int64_t width = row_slots(half) + parts.values;
   at::Tensor buffer;
@@ -99,6 +102,7 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads, const c10::optional<a
                      visible.has_value() ? static_cast<size_t>(list_temp.numel()) : 0,
                      clear,
                      static_cast<float>(own_scale),
+                     send_in_view,
                      buffer.data_ptr(),
                      headers.data_ptr<int>(),
                      half,

@@ -16,6 +16,8 @@
 //         kernel), the rows packed faster but the unpack lost as much again (benchmarks/RESULTS.md).
 //         With `clear` a warp per row read that holds a bit writes it back as zeros, which spares the unpack its
 //         pass zeroing all of the gradients.
+//         With `send_in_view` (peers reading the rows: every row fits) the listed rows are all sent, each thread
+//         moving single values (pack_in_view below), instead of tiles.
 // unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
 //         its adds (the gradient pointers could alias the buffer's, so the compiler would not reorder them itself).
 //         With two ranks each keeps its own rows in place (the pack's `own_scale`) and unpacks the other's alone:
@@ -151,6 +153,50 @@ struct LaneColumns {
   }
 };
 
+// `send_in_view`: every listed row sent, zeros included, listed row i in slot i. With no test of a row's values and
+// no slot to take, consecutive threads move consecutive values of the listed rows, single values, each thread the
+// loads of kInViewValues of them issued before their stores (the buffer could alias the gradients for all the
+// compiler knows). A tile row's warp, as the pack kernel has it, waits for one row's loads at a time: on the room
+// seen from inside, with a fifth of its 2M rows in view, that kernel took 0.2 ms a step (benchmarks/RESULTS.md).
+constexpr int kInViewValues = 4;
+
+template <bool kHalf>
+__device__ void pack_in_view(const PackParams& p, const int64_t in_view) {
+  using Buf = RowBuffer<kHalf>;
+  const int d = p.grads.values;
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.headers[0] = static_cast<int>(in_view);
+  const int64_t total = in_view * d;
+  const bool narrow = total <= INT32_MAX;  // the row of a value by a 32-bit division
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; first < total;
+       first += kInViewValues * threads) {
+    int64_t slot[kInViewValues], row[kInViewValues];
+    int col[kInViewValues];
+    float* grad[kInViewValues];
+    float value[kInViewValues];
+#pragma unroll
+    for (int j = 0; j < kInViewValues; ++j) {
+      const int64_t i = first + j * threads;
+      slot[j] = narrow ? static_cast<int64_t>(static_cast<uint32_t>(i) / static_cast<uint32_t>(d)) : i / d;
+      col[j] = static_cast<int>(i - slot[j] * d);
+      row[j] = i < total ? p.listed[slot[j]] : 0;
+      grad[j] = i < total ? value_ptr(p.grads, row[j], col[j]) : nullptr;
+    }
+#pragma unroll
+    for (int j = 0; j < kInViewValues; ++j) value[j] = grad[j] != nullptr ? *grad[j] : 0.f;
+#pragma unroll
+    for (int j = 0; j < kInViewValues; ++j) {
+      if (grad[j] == nullptr) continue;
+      typename Buf::Value* out = Buf::row(p.buffer, 1 + slot[j], d);
+      if (col[j] == 0) Buf::put_index(out, static_cast<int32_t>(row[j] * p.index_scale + p.index_offset));
+      const typename Buf::Value sent = Buf::encode(value[j]);
+      out[Buf::kSlots + col[j]] = sent;
+      // as the tile rows' path writes a row sent: zeros, or its value as the others decode it, -0.0 made +0.0
+      if (p.clear) *grad[j] = p.own_scale != 0.f ? __fadd_rn(__fmul_rn(p.own_scale, Buf::decode(sent)), 0.f) : 0.f;
+    }
+  }
+}
+
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, const int tile_rows) {
   using Buf = RowBuffer<kHalf>;
@@ -166,6 +212,10 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p, cons
   // view hold zeros) or rows are held (those may lie outside the view).
   const int64_t in_view = p.listed != nullptr ? p.headers[p.owners * kHeaderInts + 1] : p.grads.rows;
   const bool listed = p.listed != nullptr && !held && 2 * in_view < p.grads.rows;
+  if (listed && p.send_in_view) {
+    pack_in_view<kHalf>(p, in_view);
+    return;
+  }
   const int64_t entries = listed ? in_view : p.grads.rows;
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile_rows; first < entries;
        first += static_cast<int64_t>(gridDim.x) * tile_rows) {

@@ -4,9 +4,9 @@
 // D = sum of the widths; a part may be a view of each row's leading values (a row stride above its width: the SH
 // coefficients up to the degree in use, the rest holding zeros that need not travel). A buffer is
 // [capacity + 1, slots + D] of float32 (slots = 1) or float16 (slots = 2): row 0 is the header, kHeaderInts
-// int32s (the row count: every touched row, sent or not; a note; a third value the caller may set, zero here), each
-// in `slots` slots; then one row per sent splat, its index as an int32 in the first slots (two halves, low first,
-// for float16) and its D values.
+// int32s (the row count: every touched row, sent or not, or every row in view with `send_in_view`; a note; a third
+// value the caller may set, zero here), each in `slots` slots; then one row per sent splat, its index as an int32 in
+// the first slots (two halves, low first, for float16) and its D values.
 //
 // pack:   the rows split among `owners` buffers [owners, capacity + 1, slots + D], row i going to buffer
 //         i mod owners (owners = 1: one buffer for an all-gather; owners = W: one per rank for an all-to-all),
@@ -23,6 +23,9 @@
 //         0 holds zeros (a culled splat's gradient). cub first lists the rows in view; unless most rows are,
 //         the pack then reads those alone (one by one, into tiles of listed rows), not the others. Not used while
 //         the residual holds rows (those may lie outside the view).
+//         `send_in_view` (with `visible`, one owner, no residual: the capacity holds every row): where the rows in
+//         view are listed, every one of them is sent, zeros included, listed row i in slot i (the count is the
+//         rows in view): no test of a row's values and no atomic, each thread moving single values.
 //         `clear`: every row read that is not bitwise zero (a touched row, or one of -0.0s) is zeroed in the
 //         gradients, so that after the launch they are all zeros and the unpack need not zero them; with
 //         `own_scale` (not 0) each row sent is written back instead as own_scale x its values as the other ranks
@@ -74,6 +77,7 @@ struct PackParams {
   size_t list_temp_bytes;
   bool clear;                 // zero the gradient rows read that are not bitwise zero
   float own_scale;            // with clear, not 0: write the rows sent back as own_scale x their sent values
+  bool send_in_view;          // with visible, one owner, no residual: rows listed in view all sent, in list order
   void* buffer;               // [owners, capacity + 1, slots + D]; the header rows written after the launch
   int* headers;               // [owners * kHeaderInts + 2] zeroed before the launch: counts (atomic) and notes,
                               // then the rows this pack held in `residual` (atomic), the rows listed (atomic)
@@ -117,7 +121,7 @@ at::Tensor pack_rows(const std::vector<at::Tensor>& grads,             // read (
                      const c10::optional<at::Tensor>& visible,        // [N] int32
                      const c10::optional<at::Tensor>& out,            // [owners, capacity + 1, slots + D]
                      int64_t capacity, int64_t note, bool half, int64_t owners, int64_t index_scale,
-                     int64_t index_offset, bool clear, double own_scale);
+                     int64_t index_offset, bool clear, double own_scale, bool send_in_view);
 
 // grads[p] = scale * the sum of every rank's rows in `buffers` (one per rank, each [capacity + 1, slots + D]: slices
 // of an all-gather's output, or peers' regions mapped here, peer_memory.h), added in rank order (`zeroed`: grads
