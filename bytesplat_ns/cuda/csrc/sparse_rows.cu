@@ -18,8 +18,10 @@
 //         pass zeroing all of the gradients.
 //         With `send_in_view` (peers reading the rows: every row fits) the listed rows are all sent, each thread
 //         moving single values (pack_in_view below), instead of tiles.
-// unpack: a warp per row, each lane's places in the gradients worked out once, its loads issued together before
-//         its adds (the gradient pointers could alias the buffer's, so the compiler would not reorder them itself).
+// unpack: a warp per kUnpackRows consecutive rows of a buffer, each lane's places in the gradients worked out
+//         once, the loads of all of those rows issued together before their adds (the gradient pointers could alias
+//         the buffer's, so the compiler would not reorder them itself): a warp waits once for several rows instead
+//         of once per row, which counts most where the buffer is a peer's, read over NVLink (peer_rows.py).
 //         With two ranks each keeps its own rows in place (the pack's `own_scale`) and unpacks the other's alone:
 //         on the room the own rows' unpack took 0.14 ms of a 5.3 ms step (benchmarks/RESULTS.md).
 #include <cuda_fp16.h>
@@ -39,6 +41,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
 constexpr int kLaneColumns = 2;  // a lane's first columns, whose places stay in registers (rows of up to 64 values)
+constexpr int kUnpackRows = 4;   // the rows an unpack warp has in flight at once
 constexpr int kUntouched = -1;   // a pack tile row's slot: all of its values are +0.0
 constexpr int kSignedZeros = -2;  // untouched, but with a value of -0.0: zeroed all the same with `clear`
 
@@ -345,29 +348,44 @@ __global__ void __launch_bounds__(kThreads) unpack_kernel(const UnpackParams p) 
   // 2-byte boundary.
   const int count = min(Buf::get_index(Buf::row(p.buffer, 0, d)), p.capacity);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); i < count; i += warps) {
-    const typename Buf::Value* in = Buf::row(p.buffer, 1 + i, d);
-    const int64_t index = Buf::get_index(in);
-    const int64_t row = index / p.index_divisor;
-    if (index < 0 || row >= p.grads.rows) continue;  // a corrupt buffer must not write out of bounds
-    // Every load before the first store (the gradients could alias the buffer, so the compiler would not
-    // reorder them itself); the first rank's rows go into zeros: 0 + x is x, bit for bit.
-    float add[kLaneColumns], had[kLaneColumns];
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kUnpackRows; first < count;
+       first += warps * kUnpackRows) {
+    // Every load before the first store; the first rank's rows go into zeros: 0 + x is x, bit for bit.
+    int64_t row[kUnpackRows];
+    float add[kUnpackRows][kLaneColumns], had[kUnpackRows][kLaneColumns];
 #pragma unroll
-    for (int j = 0; j < kLaneColumns; ++j) {
-      add[j] = values.ptr[j] != nullptr ? __fmul_rn(p.scale, Buf::decode(in[Buf::kSlots + lane + 32 * j])) : 0.f;
+    for (int k = 0; k < kUnpackRows; ++k) {
+      const bool live = first + k < count;
+      const typename Buf::Value* in = Buf::row(p.buffer, 1 + (live ? first + k : 0), d);
+      const int64_t index = live ? Buf::get_index(in) : -1;
+      const int64_t at = index / p.index_divisor;
+      row[k] = index >= 0 && at < p.grads.rows ? at : -1;  // a corrupt buffer must not write out of bounds
+#pragma unroll
+      for (int j = 0; j < kLaneColumns; ++j) {
+        add[k][j] = live && values.ptr[j] != nullptr
+                        ? __fmul_rn(p.scale, Buf::decode(in[Buf::kSlots + lane + 32 * j])) : 0.f;
+      }
     }
 #pragma unroll
-    for (int j = 0; j < kLaneColumns; ++j) {
-      had[j] = values.ptr[j] != nullptr && !p.first ? values.ptr[j][row * values.stride[j]] : 0.f;
+    for (int k = 0; k < kUnpackRows; ++k) {
+#pragma unroll
+      for (int j = 0; j < kLaneColumns; ++j) {
+        const bool read = row[k] >= 0 && values.ptr[j] != nullptr && !p.first;
+        had[k][j] = read ? values.ptr[j][row[k] * values.stride[j]] : 0.f;
+      }
     }
 #pragma unroll
-    for (int j = 0; j < kLaneColumns; ++j) {
-      if (values.ptr[j] != nullptr) values.ptr[j][row * values.stride[j]] = __fadd_rn(had[j], add[j]);
-    }
-    for (int col = lane + 32 * kLaneColumns; col < d; col += 32) {  // rows wider than the registers hold
-      float* at = value_ptr(p.grads, row, col);
-      *at = __fadd_rn(p.first ? 0.f : *at, __fmul_rn(p.scale, Buf::decode(in[Buf::kSlots + col])));
+    for (int k = 0; k < kUnpackRows; ++k) {
+      if (row[k] < 0) continue;
+#pragma unroll
+      for (int j = 0; j < kLaneColumns; ++j) {
+        if (values.ptr[j] != nullptr) values.ptr[j][row[k] * values.stride[j]] = __fadd_rn(had[k][j], add[k][j]);
+      }
+      const typename Buf::Value* in = Buf::row(p.buffer, 1 + first + k, d);
+      for (int col = lane + 32 * kLaneColumns; col < d; col += 32) {  // rows wider than the registers hold
+        float* at = value_ptr(p.grads, row[k], col);
+        *at = __fadd_rn(p.first ? 0.f : *at, __fmul_rn(p.scale, Buf::decode(in[Buf::kSlots + col])));
+      }
     }
   }
 }
@@ -414,7 +432,7 @@ cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream) {
-  const unsigned blocks = blocks_for(p.capacity, kWarps);
+  const unsigned blocks = blocks_for(p.capacity, kWarps * kUnpackRows);
   if (p.half) {
     unpack_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
