@@ -43,8 +43,10 @@ class PeerRows:
     group: object = None
     headroom: float = 1.25
     """A region made for N rows has room for this many times N (rounded up to a rung)."""
-    timeout_s: float = 120.0
-    """A barrier whose peer has not arrived after this long fails (that rank has died or hangs)."""
+    timeout_s: float = 1800.0
+    """A barrier whose peer has not arrived after this long fails (that rank hangs), as NCCL's collectives time out
+    after 30 minutes. Not shorter: while rank 0 evaluates or writes a checkpoint the others' barriers wait for it,
+    and a failed barrier kernel loses the GPU's context; a rank that dies is told by the rank watchdog first."""
     _regions: list[Tensor] = field(default_factory=list)
     """[bytes] uint8 each: every rank's region as mapped here, in rank order (this rank's own at its rank)."""
     _counter: Tensor | None = None

@@ -113,30 +113,40 @@ def test_peer_reads_equal_dense_allreduce_on_two_gpus(tmp_path, graph):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), "nccl", True, graph, SH_DEGREE_1), nprocs=2, join=True)
 
 
-def _absent_peer(rank: int, world: int, init_file: str, out: str) -> None:
+def _failing_barrier(rank: int, world: int, init_file: str, out: str, case: str) -> None:
+    """Rank 0 exchanges and writes how that ended to `out`. "absent": rank 1 never arrives at the barrier.
+    "out of step": rank 1 has run five barriers more than rank 0 (its epochs raised), then arrives."""
     join_process_group(rank, world, init_file, "gloo-cuda")
     exchange = SparseRowExchange(kernels=True, peer_reads=True, lag=LAG)
     grads = [torch.zeros(ROWS, *shape, device="cuda") for shape in SHAPES]
     exchange.begin(grads, note=0)  # makes and maps the regions (collective)
+    exchange._peers.timeout_s = 3.0 if case == "absent" or rank == 1 else 60.0  # out of step: fails at once
+    if rank == 1:
+        if case == "absent":
+            time.sleep(15)
+            return
+        exchange._peers._counter.add_(5)
+    start = time.monotonic()
+    try:
+        exchange.exchange_rows(grads)
+        torch.cuda.synchronize()
+        outcome = "returned"
+    except Exception as error:  # noqa: BLE001 - the kernel trapped: the CUDA context is gone with it
+        outcome = f"raised after {time.monotonic() - start:.1f} s: {error}"
     if rank == 0:
-        exchange._peers.timeout_s = 3.0
-        start = time.monotonic()
-        try:
-            exchange.exchange_rows(grads)
-            torch.cuda.synchronize()
-            outcome = "returned"
-        except Exception as error:  # noqa: BLE001 - the kernel trapped: the CUDA context is gone with it
-            outcome = f"raised after {time.monotonic() - start:.1f} s: {error}"
         with open(out, "w") as f:
             f.write(outcome)
-        os._exit(0)  # the context is unusable: leave without tearing anything down
-    time.sleep(15)  # rank 1 never arrives at the barrier
+    os._exit(0)  # the context is unusable: leave without tearing anything down
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="peers reading the rows need a CUDA GPU")
-def test_a_peer_that_never_arrives_fails_the_barrier(tmp_path):
+@pytest.mark.parametrize("case", ["absent", "out of step"])
+def test_a_barrier_fails_when_its_peer_never_arrives_or_is_out_of_step(tmp_path, case):
+    """A peer that never arrives fails the barrier after its timeout (3 s here), instead of a hang; a peer that ran
+    its barriers more often than this rank fails it at once (60 s timeout here), instead of letting every later
+    barrier pass unordered."""
     out = tmp_path / "outcome.txt"
-    mp.spawn(_absent_peer, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    mp.spawn(_failing_barrier, args=(2, str(tmp_path / "init"), str(out), case), nprocs=2, join=True)
     outcome = out.read_text()
     assert outcome.startswith("raised after"), outcome
     assert float(outcome.split()[2]) < 12, outcome

@@ -7,16 +7,18 @@ namespace bytesplat {
 namespace {
 
 // [bytes] uint8 over device memory at `ptr` on `device`, handed back by `release` (cudaFree for a region of this
-// process, cudaIpcCloseMemHandle for a peer's mapping) when the tensor is freed.
+// process, cudaIpcCloseMemHandle for a peer's mapping) when the tensor is freed. The device is given, not looked up
+// from the pointer: a peer's mapping reports the GPU its memory lies on, not the one that maps it.
 at::Tensor device_bytes(void* ptr, int64_t bytes, int64_t device, cudaError_t (*release)(void*)) {
-  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
+  const at::Device here(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+  const auto options = at::TensorOptions().dtype(at::kByte).device(here);
   return at::from_blob(
       ptr, {bytes},
       [device, release](void* p) {
         const c10::cuda::CUDAGuard release_guard(static_cast<c10::DeviceIndex>(device));
         release(p);
       },
-      options);
+      options, here);
 }
 
 }  // namespace

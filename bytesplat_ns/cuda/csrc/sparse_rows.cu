@@ -26,6 +26,7 @@
 //         on the room the own rows' unpack took 0.14 ms of a 5.3 ms step (benchmarks/RESULTS.md).
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <type_traits>
@@ -42,6 +43,9 @@ constexpr int kMaxBlocks = 16384;
 constexpr unsigned kAllLanes = 0xffffffffu;
 constexpr int kLaneColumns = 2;  // a lane's first columns, whose places stay in registers (rows of up to 64 values)
 constexpr int kUnpackRows = 4;   // the rows an unpack warp has in flight at once
+constexpr int kMaxUnpackBlocks = 2048;  // about two waves of resident blocks on an H200: its warps stride over
+// the rows. Sized by the capacity alone (the count is on the device), a peer's buffer of every row (capacity N)
+// would launch thousands of blocks that read its header over NVLink and exit.
 constexpr int kUntouched = -1;   // a pack tile row's slot: all of its values are +0.0
 constexpr int kSignedZeros = -2;  // untouched, but with a value of -0.0: zeroed all the same with `clear`
 
@@ -432,7 +436,7 @@ cudaError_t launch_pack_rows(const PackParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_unpack_rows(const UnpackParams& p, cudaStream_t stream) {
-  const unsigned blocks = blocks_for(p.capacity, kWarps * kUnpackRows);
+  const unsigned blocks = std::min<unsigned>(blocks_for(p.capacity, kWarps * kUnpackRows), kMaxUnpackBlocks);
   if (p.half) {
     unpack_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
