@@ -461,6 +461,24 @@ def test_kernels_read_and_write_only_the_values_in_use(half, share):
         assert bool(out[1].view(ROWS, -1)[:, SH_DEGREE_1[1] :].isnan().all())  # never written
 
 
+def _rows_in_view(seed: int, share: float, unread: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """-> ([N] bool: about `share` of the rows in view, gradients [N, ...] of SHAPES on the GPU): 70% of the rows in
+    view touched, half of the others -0.0, the rows out of view NaN where `unread` (the pack must never read them),
+    else zeros (as the caller's word has it)."""
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(seed)
+    view = torch.rand(ROWS, generator=generator, device=device) < share  # [N]
+    touched = view & (torch.rand(ROWS, generator=generator, device=device) < 0.7)
+    signed_zeros = view & ~touched & (torch.rand(ROWS, generator=generator, device=device) < 0.5)
+    grads = []
+    for shape in SHAPES:
+        g = torch.randn(ROWS, *shape, generator=generator, device=device) * touched.view(-1, *[1] * len(shape))
+        g[signed_zeros] = -0.0
+        g[~view] = float("nan") if unread else 0.0
+        grads.append(g)
+    return view, grads
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the exchange kernels need a CUDA GPU")
 @pytest.mark.parametrize("share", [0.05, 0.9])  # rows in view: listed and read alone, or every row read
 @pytest.mark.parametrize("held", [False, True])
@@ -474,17 +492,8 @@ def test_pack_kernel_skips_rows_out_of_view_and_clears_what_it_read(share, held,
     from bytesplat_ns.cuda import ops
 
     device = torch.device("cuda")
-    generator = torch.Generator(device=device).manual_seed(int(share * 100) + held)
-    view = torch.rand(ROWS, generator=generator, device=device) < share  # [N]
-    touched = view & (torch.rand(ROWS, generator=generator, device=device) < 0.7)
-    signed_zeros = view & ~touched & (torch.rand(ROWS, generator=generator, device=device) < 0.5)
     unread = share < 0.5 and not held  # rows out of view are not read
-    grads = []
-    for shape in SHAPES:
-        g = torch.randn(ROWS, *shape, generator=generator, device=device) * touched.view(-1, *[1] * len(shape))
-        g[signed_zeros] = -0.0
-        g[~view] = float("nan") if unread else 0.0  # NaN: never read; else zeros, as the caller's word has it
-        grads.append(g)
+    view, grads = _rows_in_view(int(share * 100) + held, share, unread)
     want = torch.cat([g.reshape(ROWS, -1) for g in grads], 1).nan_to_num(0.0)  # [N, D]
     residual = torch.zeros_like(want)
     count = torch.tensor([int(held)], dtype=torch.int32, device=device)
@@ -523,18 +532,8 @@ def test_pack_sends_every_row_in_view_in_order(half, own_scale, share):
     Where most rows are in view the pack reads every row and sends the touched ones, as without it."""
     from bytesplat_ns.cuda import ops
 
-    device = torch.device("cuda")
-    generator = torch.Generator(device=device).manual_seed(int(share * 10) + half)
-    view = torch.rand(ROWS, generator=generator, device=device) < share  # [N]
-    touched = view & (torch.rand(ROWS, generator=generator, device=device) < 0.7)
-    signed_zeros = view & ~touched & (torch.rand(ROWS, generator=generator, device=device) < 0.5)
     listed = share < 0.5
-    grads = []
-    for shape in SHAPES:
-        g = torch.randn(ROWS, *shape, generator=generator, device=device) * touched.view(-1, *[1] * len(shape))
-        g[signed_zeros] = -0.0
-        g[~view] = float("nan") if listed else 0.0  # NaN: never read; else zeros, as the caller's word has it
-        grads.append(g)
+    view, grads = _rows_in_view(int(share * 10) + half, share, listed)
     flat = torch.cat([g.reshape(ROWS, -1) for g in grads], 1)  # [N, D]
     buffer = ops.pack_rows(grads, ROWS, 0, half, visible=view.int() * 4, clear=True, own_scale=own_scale,
                            send_in_view=True)  # fmt: skip
