@@ -7,14 +7,15 @@ fixed for the whole run, so each rank caches only its own shard's images; each e
 shard in a new order, again from the shared seed (seed, epoch). With one rank, nerfstudio's own sampler
 runs unchanged (so a 1-GPU bytesplat run sees the cameras in splatfacto's order).
 
-Matched draws (--pipeline.datamanager.match-view-costs True): a step lasts as long as its slowest rank's view, and
-views differ in cost (on a room seen from inside by 3.7-5.5 ms a step: benchmarks/view_balance.py), so each
-epoch every rank orders its shard by what its views cost the last time it rendered them (their tile-entry counts,
-read late from the binning: render/bin_capacity.py) and all ranks draw the same quantile of their own shard at the
-same step, in an order shared from the seed (`matched_epoch_order`). The shards are random halves (thirds, ...),
-so the k-th cheapest views of two shards cost about alike. Every epoch has ceil(cameras / ranks) steps on every
-rank, so the ranks stay in step; a shard one camera short draws one of its cameras twice an epoch. Views not yet
-rendered count as the median; the first epoch, with none rendered, goes by camera index.
+Matched draws (the default; --pipeline.datamanager.match-view-costs False: each rank shuffles its shard alone): a step
+lasts as long as its slowest rank's view, and views differ in cost (on a room seen from inside by 3.7-5.5 ms a step:
+benchmarks/view_balance.py), so each epoch every rank orders its shard by what its views cost the last time it
+rendered them (their tile-entry counts, read late from the binning: render/bin_capacity.py) and all ranks draw the
+same quantile of their own shard at the same step, in an order shared from the seed (`matched_epoch_order`). The
+shards are random halves (thirds, ...), so the k-th cheapest views of two shards cost about alike. Every epoch has
+ceil(cameras / ranks) steps on every rank, so the ranks stay in step; a shard one camera short draws one of its
+cameras twice an epoch. Views not yet rendered count as the median; the first epoch, with none rendered, goes by
+camera index.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from bytesplat_ns.input_checks import BadInputError, check_dataparser_outputs
 @dataclass
 class ByteSplatDatamanagerConfig(FullImageDatamanagerConfig):
     _target: type = field(default_factory=lambda: ByteSplatDatamanager)
-    match_view_costs: bool = False
+    match_view_costs: bool = True
     """With several GPUs: draw views of similar cost at the same step on every rank (module docstring), so the
-    ranks wait less for each other. Not measured on two GPUs yet."""
+    ranks wait less for each other (on the 2M-splat room, two H200s: 286 against 282 views/s, held-out PSNR 32.25
+    against 32.16 dB; benchmarks/RESULTS.md, thirty-eighth session). False: each rank shuffles its shard alone."""
 
 
 def camera_shard(num_cameras: int, world_size: int, rank: int, seed: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 nerfstudio's launcher asserts CUDA before it starts several processes, so the CPU tests start the ranks
 themselves: `python -m tests.distributed_rank RANK WORLD INIT_FILE ROOT [--signal-at STEP SIGNAL] [--steps N]
-[--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--match-view-costs]
+[--load-dir DIR] [--cuda] [--half-exchange] [--route-from N] [--exchange KIND] [--shuffled-draws]
 [--one-step-late] [--peer-reads] [--alone-as-rank-0-of-2]`. Each rank trains the small built-in scene and writes
 ROOT/rank{RANK}.pt: its splat count after every step, the training camera it drew at every step, its final
 parameters and its step graph's counts (one step late: whether rows were pending after each step).
@@ -12,7 +12,8 @@ view, so with float32 values the compacted rows would outweigh a dense all-reduc
 all-reduce (grad_compaction.py); float16 rows are half as large, so the exchange compacts.
 --route-from N: route the exchange's rows to owner ranks from N ranks on (--pipeline.exchange-all-to-all-from).
 --exchange KIND: --pipeline.exchange (compact by default; screen: screen_exchange.py).
---match-view-costs: matched draws (--pipeline.datamanager.match-view-costs True, datamanager.py).
+--shuffled-draws: each rank shuffles its shard alone (--pipeline.datamanager.match-view-costs False; matched draws,
+the default, otherwise: datamanager.py).
 --one-step-late: each step's averaged gradients applied at the next (--pipeline.exchange-one-step-late True).
 --peer-reads: each rank reads the others' rows from their memory (--pipeline.exchange-peer-reads True; GPUs).
 --alone-as-rank-0-of-2: WORLD must be 1; the trainer is set up as rank 0 of two (two views' schedule, half the
@@ -69,7 +70,7 @@ def rank_config(root: Path, views: int, load_dir: Path | None = None):
 def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, signal_at: tuple[int, int] | None = None,
              load_dir: Path | None = None, pause_at: int | None = None, cuda: bool = False,
              half_exchange: bool = False, route_from: int | None = None,
-             exchange: str = "compact", match_view_costs: bool = False,
+             exchange: str = "compact", shuffled_draws: bool = False,
              one_step_late: bool = False, alone_as_rank_0_of_2: bool = False,
              peer_reads: bool = False) -> None:  # fmt: skip
     """`signal_at` = (step, signal): this rank sends itself the signal after that step (SIGKILL: dies; SIGSTOP: hangs;
@@ -80,7 +81,7 @@ def run_rank(rank: int, world: int, init_file: str, root: Path, views: int, sign
     config.machine.num_devices = world
     config.pipeline.half_precision_exchange = half_exchange
     config.pipeline.exchange = exchange
-    config.pipeline.datamanager.match_view_costs = match_view_costs
+    config.pipeline.datamanager.match_view_costs = not shuffled_draws
     config.pipeline.exchange_one_step_late = one_step_late
     config.pipeline.exchange_peer_reads = peer_reads
     if route_from is not None:
@@ -164,14 +165,14 @@ def main() -> None:
     parser.add_argument("--half-exchange", action="store_true")
     parser.add_argument("--route-from", type=int, default=None)
     parser.add_argument("--exchange", default="compact")
-    parser.add_argument("--match-view-costs", action="store_true")
+    parser.add_argument("--shuffled-draws", action="store_true")
     parser.add_argument("--one-step-late", action="store_true")
     parser.add_argument("--alone-as-rank-0-of-2", action="store_true")
     parser.add_argument("--peer-reads", action="store_true")
     args = parser.parse_args()
     signal_at = tuple(args.signal_at) if args.signal_at else None
     run_rank(args.rank, args.world, args.init_file, args.root, args.views, signal_at, args.load_dir, args.pause_at,
-             args.cuda, args.half_exchange, args.route_from, args.exchange, args.match_view_costs,
+             args.cuda, args.half_exchange, args.route_from, args.exchange, args.shuffled_draws,
              args.one_step_late, args.alone_as_rank_0_of_2, args.peer_reads)  # fmt: skip
 
 

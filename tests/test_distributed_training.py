@@ -157,19 +157,22 @@ def test_two_ranks_one_step_late_stay_identical(tmp_path):
     assert all(rows != edits for rows, edits in pending), pending  # applied before the callbacks edit the splats
 
 
-def test_two_ranks_with_matched_draws_stay_in_step_and_identical(tmp_path):
-    """Matched draws (datamanager.py): every rank's epoch is ceil(7 / 2) = 4 draws covering its shard (the shard of 3
-    draws one camera twice), so the ranks' epochs stay aligned; the ranks stay identical. (On the CPU the renderer
-    does not bin through BinCapacity, so no costs are known: the draws go by camera index; the ranking itself is
-    tested in test_grad_compaction.py.)"""
-    finish(start_ranks(tmp_path, 2, "--views", str(VIEWS), "--match-view-costs"))
+@pytest.mark.parametrize("draws", ["matched", "shuffled"])
+def test_two_ranks_draw_disjoint_shards_in_step_and_stay_identical(tmp_path, draws):
+    """Matched draws (the default, datamanager.py): every rank's epoch is ceil(7 / 2) = 4 draws covering its shard
+    (the shard of 3 draws one camera twice), so the ranks' epochs stay aligned; shuffled draws: each rank's epoch is
+    its shard in a new order. Either way the ranks stay identical. (On the CPU the renderer does not bin through
+    BinCapacity, so no costs are known: matched draws go by camera index; the ranking itself is tested in
+    test_grad_compaction.py.)"""
+    finish(start_ranks(tmp_path, 2, "--views", str(VIEWS), *(["--shuffled-draws"] if draws == "shuffled" else [])))
     identical_ranks_stats(tmp_path)
     drawn = [torch.load(tmp_path / f"rank{r}.pt")["drawn"] for r in range(2)]
     shards = [set(d) for d in drawn]
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 7
     for rank_drawn, shard in zip(drawn, shards):
         assert len(rank_drawn) == VIEWS // 2
-        assert all(set(rank_drawn[e : e + 4]) == shard for e in range(0, len(rank_drawn) - 3, 4))
+        epoch = 4 if draws == "matched" else len(shard)
+        assert all(set(rank_drawn[e : e + epoch]) == shard for e in range(0, len(rank_drawn) - epoch + 1, epoch))
 
 
 def test_only_rank0_writes_the_checkpoint_and_it_resumes_on_one_process(two_ranks, tmp_path):
