@@ -7,6 +7,7 @@ nothing is compiled or downloaded on construction, and checkpoints resume into t
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from bytesplat_ns.render.rasterize import resolve_backend
 from bytesplat_ns.render.screen_space import screen_space
 from bytesplat_ns.render.types import ScreenSplats
 from bytesplat_ns.splat_ply import read_splats
+from bytesplat_ns.splat_rows import HeldRows
 from bytesplat_ns.ssim import SSIMTerm
 from bytesplat_ns.strategy import ByteSplatStrategy
 
@@ -168,6 +170,9 @@ class ByteSplatModel(SplatfactoModel):
         """The last training render's camera and options."""
         self.bins = BinCapacity()  # fused renderer, training: tile binning without a host sync
         self.scale_intrinsics = IntrinsicsScale()
+        self.rows: HeldRows | None = None
+        """The splats' rows held at a capacity on rungs (splat_rows.py; the trainer turns it on with the step
+        graph), or None: the tensors hold the live splats only."""
 
     def _initial_gaussians(self) -> dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation (seed points or a random cube), or an exported PLY; built on the CPU."""
@@ -210,19 +215,57 @@ class ByteSplatModel(SplatfactoModel):
             param.data = param.data.new_zeros((n, *param.shape[1:]))
         return torch.nn.Module.load_state_dict(self, state_dict, **kwargs)
 
+    @property
+    def num_points(self) -> int:
+        """The live splat count (with rows held, the tensors have more rows: `num_rows`)."""
+        return self.rows.live if self.rows is not None else self.num_rows
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the splat tensors: what a render projects, bins and returns statistics for."""
+        return self.means.shape[0]
+
+    def hold_rows(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        """From now on hold the splats' rows at a capacity on rungs (splat_rows.py). `optimizers`: the trainer's,
+        by parameter name (splatfacto's step callback sets the same dict before every step)."""
+        self.optimizers = optimizers
+        self.rows = HeldRows(live=self.num_rows)
+        self.rows.hold(self.gauss_params, self.optimizers, self.strategy_state)
+
+    def stop_holding_rows(self) -> None:
+        """Back to tensors of the live splats only (at the end of training)."""
+        if self.rows is not None:
+            self.rows.release(self.gauss_params, self.optimizers, self.strategy_state)
+            self.rows = None
+
+    @contextmanager
+    def live_rows(self):
+        """Within: the splat tensors, their moments and statistics hold the live splats only, as gsplat's
+        operations and checkpoints expect; after: held again (in the same tensors while the count keeps its rung).
+        Not held again after an exception (the trainer stops on it)."""
+        if self.rows is None:
+            yield
+            return
+        held = self.rows.release(self.gauss_params, self.optimizers, self.strategy_state)
+        yield
+        self.rows.hold(self.gauss_params, self.optimizers, self.strategy_state, held)
+
     def step_post_backward(self, step: int) -> None:
         """Densify (ByteSplatStrategy: gsplat's DefaultStrategy schedule, as splatfacto), then keep the splat count
         under max_splats."""
+        if not (self.strategy.edits_splats_at(step) or 0 < self.config.max_splats < self.num_points):
+            return
         try:
-            super().step_post_backward(step)
-            excess = self.num_points - self.config.max_splats
-            if self.config.max_splats > 0 and excess > 0:
-                weakest = torch.topk(self.opacities.detach().squeeze(-1), excess, largest=False).indices
-                mask = torch.zeros(self.num_points, dtype=torch.bool, device=self.means.device)
-                mask[weakest] = True
-                remove(self.gauss_params, self.optimizers, self.strategy_state, mask)
+            with self.live_rows():
+                super().step_post_backward(step)
+                excess = self.num_rows - self.config.max_splats  # the live splats, here
+                if self.config.max_splats > 0 and excess > 0:
+                    weakest = torch.topk(self.opacities.detach().squeeze(-1), excess, largest=False).indices
+                    mask = torch.zeros(self.num_rows, dtype=torch.bool, device=self.means.device)
+                    mask[weakest] = True
+                    remove(self.gauss_params, self.optimizers, self.strategy_state, mask)
         except torch.OutOfMemoryError as error:
-            raise SplatOutOfMemoryError(step, self.num_points) from error
+            raise SplatOutOfMemoryError(step, self.num_rows) from error
 
     def accumulate_densification_statistics(self) -> None:
         """Add this training step's render to the densification statistics; called by the trainer right after
@@ -236,7 +279,7 @@ class ByteSplatModel(SplatfactoModel):
         grad_compaction.py). None where that does not hold (scale regularisation) or no render of all N splats is
         at hand."""
         radii = self.info["radii"] if self.info is not None else None
-        if radii is None or self.config.use_scale_regularization or tuple(radii.shape) != (1, self.num_points):
+        if radii is None or self.config.use_scale_regularization or tuple(radii.shape) != (1, self.num_rows):
             return None
         return radii.reshape(-1)
 

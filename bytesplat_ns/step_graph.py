@@ -170,7 +170,7 @@ class StepGraph:
         bins = self.model.bins
         why = (
             "another loss path" if key is None
-            else "exact binning" if bins.needs_exact(self.model.num_points)
+            else "exact binning" if bins.needs_exact(self.model.num_rows)
             else "new optimizer state" if not self._optimizer_state_ready()
             else "nothing pending one step late" if self.late is not None and not self.late.pending
             else None
@@ -182,7 +182,7 @@ class StepGraph:
             self._eager_key = key
             self._forget()
             return None
-        wanted = bins.next(self.model.num_points, bins.tile_size)  # the side of the step before: same resolution
+        wanted = bins.next(self.model.num_rows, bins.tile_size)  # the side of the step before: same resolution
         exchange_key = self.pipeline.begin_exchange(note) if note is not None else None
         if self.late is not None:
             exchange_key = (exchange_key, self.late.key())

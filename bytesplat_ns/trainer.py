@@ -76,6 +76,10 @@ class ByteSplatTrainerConfig(TrainerConfig):
     cuda_graph: bool = True
     """On one CUDA GPU with the fused renderer: record the training step as a CUDA graph and replay it, recording
     again after densification (step_graph.py says when it applies). False: every step runs op by op."""
+    hold_splat_rows: bool = True
+    """With the step graph: hold the splats' rows at a capacity on rungs about 9% apart, the rows past the live
+    splats inert, so a refine that keeps the count within its rung leaves the recorded graph valid (splat_rows.py)
+    instead of recording it again after a step op by op. False: the tensors hold the live splats only."""
     cuda_graph_several_gpus: bool = True
     """With several GPUs: replay each rank's step, the exchange's NCCL collectives inside, as a CUDA graph too (the
     compacted exchange with its kernels, or the screen exchange). On two H200s it trained lego at 1,105-1,166 views/s
@@ -211,6 +215,8 @@ class ByteSplatTrainer(Trainer):
             )
         self.graph_off = "--cuda-graph False" if not self.config.cuda_graph else ineligible(self)
         self.step_graph = StepGraph(self, self._graph_body) if self.graph_off is None else None
+        if self.step_graph is not None and self.config.hold_splat_rows:
+            self.pipeline.model.hold_rows(self.optimizers.optimizers)
         self._say_why_op_by_op()
         self.stop_requested = False
         self.heldout_psnr: float | None = None
@@ -305,6 +311,8 @@ class ByteSplatTrainer(Trainer):
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             restored = self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
+            if restored and self.pipeline.model.rows is not None:
+                self.pipeline.model.rows.recount(self.pipeline.model.opacities)  # the snapshot's live splats
             if restored and self.late is not None:
                 self.late.drop_pending()  # rows of the bad steps, on every rank alike
         camera, batch = self.pipeline.datamanager.next_train(step)
@@ -533,14 +541,14 @@ class ByteSplatTrainer(Trainer):
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
         tmp = path.with_suffix(".ckpt.tmp")
-        state = {
-            "step": step,
-            "pipeline": self.pipeline.state_dict(),
-            "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
-            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
-            "scalers": self.grad_scaler.state_dict(),
-        }
-        with open(tmp, "wb") as f:
+        with self.pipeline.model.live_rows(), open(tmp, "wb") as f:  # no inert rows in a checkpoint
+            state = {
+                "step": step,
+                "pipeline": self.pipeline.state_dict(),
+                "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
+                "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
+                "scalers": self.grad_scaler.state_dict(),
+            }
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
@@ -564,6 +572,7 @@ class ByteSplatTrainer(Trainer):
         if self.stop_training and self.step > self._start_step:
             self.step -= 1  # the loop stopped before running this step
         self._apply_pending(self.step)  # every rank, before rank 0 evaluates and saves
+        self.pipeline.model.stop_holding_rows()  # the live splats only from here on: the viewer, a later export
         if isinstance(self.pipeline.exchange, SparseRowExchange):
             self.pipeline.exchange.close()  # every rank: regions the peers read (peer_rows.py)
         if not self.is_main:

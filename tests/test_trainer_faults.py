@@ -46,7 +46,7 @@ def test_out_of_memory_while_densifying_saves_and_names_the_cap(tmp_path, monkey
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(ByteSplatStrategy, "step_post_backward", out_of_memory)
-    trainer = make_trainer(tmp_path, steps=30)
+    trainer = make_trainer(tmp_path, steps=30, warmup_length=5, refine_every=6)  # step 12 refines
     with pytest.raises(SystemExit) as exit_info:
         trainer.train()
     assert exit_info.value.code == 2
