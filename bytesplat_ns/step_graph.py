@@ -9,13 +9,14 @@ copy its image in), write changed learning rates on the device, replay, and queu
 late read (render/bin_capacity.py). Refines, logging, evaluation and checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
-- the splat parameters, their optimizer state or the densification statistics (densification, opacity reset, a
-  non-finite restore: new tensors), the SH degree, the resolution (splatfacto's downscale schedule; it also fixes
+- the splat parameters, their optimizer state or the densification statistics (a non-finite restore, and
+  densification or an opacity reset unless the splats' rows are held at a capacity on rungs and the count keeps its
+  rung, splat_rows.py: new tensors), the SH degree, the resolution (splatfacto's downscale schedule; it also fixes
   the fused kernels' tile side), the image's shape, whether densification statistics are still gathered (step <
   refine_stop_iter);
 - the binning asks for more entries than the graph's buffers hold (their capacity is recorded rounded up to a rung,
   capacity_rungs.py, so the few percent a view's entry count drifts do not record it again).
-The step right after densification bins exactly (one host read) and runs eagerly; so does a step whose batch
+The step right after densification changed the rows bins exactly (one host read) and runs eagerly; so does a step whose batch
 takes another loss path (masks), the first step of any new configuration (lazy set-up of libraries on a
 shape's first use cannot happen inside a recording), and, one step late, a step with no rows pending. The next
 step records the graph and replays it.
