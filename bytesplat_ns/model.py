@@ -232,12 +232,6 @@ class ByteSplatModel(SplatfactoModel):
         self.rows = HeldRows(live=self.num_rows)
         self.rows.hold(self.gauss_params, self.optimizers, self.strategy_state)
 
-    def stop_holding_rows(self) -> None:
-        """Back to tensors of the live splats only (at the end of training)."""
-        if self.rows is not None:
-            self.rows.release(self.gauss_params, self.optimizers, self.strategy_state)
-            self.rows = None
-
     @contextmanager
     def live_rows(self):
         """Within: the splat tensors, their moments and statistics hold the live splats only, as gsplat's

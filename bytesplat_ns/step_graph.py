@@ -16,10 +16,10 @@ A graph bakes in tensor addresses, shapes and Python decisions, so it is recorde
   refine_stop_iter);
 - the binning asks for more entries than the graph's buffers hold (their capacity is recorded rounded up to a rung,
   capacity_rungs.py, so the few percent a view's entry count drifts do not record it again).
-The step right after densification changed the rows bins exactly (one host read) and runs eagerly; so does a step whose batch
-takes another loss path (masks), the first step of any new configuration (lazy set-up of libraries on a
-shape's first use cannot happen inside a recording), and, one step late, a step with no rows pending. The next
-step records the graph and replays it.
+The step right after densification changed the rows bins exactly (one host read) and runs eagerly; so does a
+step whose batch takes another loss path (masks), the first step of any new configuration (lazy set-up of
+libraries on a shape's first use cannot happen inside a recording), and, one step late, a step with no rows
+pending. The next step records the graph and replays it.
 Everything recorded must run on the recording stream: gsplat 1.4.0's SH kernels launch on the legacy default
 stream, which a graph does not record (they would run once, at recording, and leave their output stale), so
 the fused renderer evaluates SH with its own kernels (csrc/sh.h); the ground truth's downscale avoids

@@ -572,7 +572,6 @@ class ByteSplatTrainer(Trainer):
         if self.stop_training and self.step > self._start_step:
             self.step -= 1  # the loop stopped before running this step
         self._apply_pending(self.step)  # every rank, before rank 0 evaluates and saves
-        self.pipeline.model.stop_holding_rows()  # the live splats only from here on: the viewer, a later export
         if isinstance(self.pipeline.exchange, SparseRowExchange):
             self.pipeline.exchange.close()  # every rank: regions the peers read (peer_rows.py)
         if not self.is_main:

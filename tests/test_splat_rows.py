@@ -124,7 +124,7 @@ def test_inert_rows_render_nothing_and_take_no_gradient(tmp_path):
 
 def test_a_run_with_held_rows_trains_as_one_without(tmp_path):
     """On the CPU (where the trainer holds no rows by itself): the same run with rows held from the start ends with
-    the same splats, its checkpoint holds the live splats only, and it ends with tensors of the live splats."""
+    the same splats, still held at the rung of their count, and its checkpoints hold the live splats only."""
     options = dict(warmup_length=10, refine_every=10, densify_grad_thresh=1e-6)
     runs = []
     for hold in (False, True):
@@ -139,7 +139,7 @@ def test_a_run_with_held_rows_trains_as_one_without(tmp_path):
             model.hold_rows(trainer.optimizers.optimizers)
             assert model.num_rows > start
         trainer.train()
-        assert model.rows is None and model.num_rows == model.num_points
+        assert model.num_rows == (rung_above(model.num_points, model.rows.granule) if hold else model.num_points)
         checkpoint = torch.load(sorted(trainer.checkpoint_dir.glob("*.ckpt"))[-1], weights_only=False)
         saved = checkpoint["pipeline"]
         assert saved["_model.gauss_params.means"].shape[0] == model.num_points
@@ -149,5 +149,6 @@ def test_a_run_with_held_rows_trains_as_one_without(tmp_path):
         runs.append(model)
     plain, held = runs
     assert plain.num_points == held.num_points > start  # the refines grew the splats alike
-    for name, param in plain.gauss_params.items():
-        torch.testing.assert_close(held.gauss_params[name], param, rtol=1e-4, atol=1e-5)  # sums in another order
+    for name, param in plain.gauss_params.items():  # the same up to float sums in another order
+        live = held.gauss_params[name][: held.num_points]
+        assert float((live - param).norm()) <= 1e-4 * float(param.norm()), name
