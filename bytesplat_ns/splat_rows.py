@@ -2,14 +2,15 @@
 
 A recorded step graph (step_graph.py) bakes in the addresses and the row count of every splat parameter, its Adam
 moments and the densification statistics. gsplat's refine replaces all of them with tensors of the new count, so
-after each refine the graph was recorded again, and the step before that ran op by op (its binning exact): some
-15-20 ms in which the GPU mostly waits, at each of lego's ~65 refines in 7000 steps, whatever the number of GPUs
-(benchmarks/RESULTS.md, forty-fifth session).
+after each refine the step after it ran op by op (its binning exact) and the next recorded the graph again: with
+the refine itself, 33-37 ms of the GPU's timeline per refine on lego, some 65 refines in 7000 steps, whatever the
+number of GPUs (benchmarks/RESULTS.md, thirty-second session).
 
 With rows held, each of those tensors has `capacity` rows, a rung (capacity_rungs.py) at or above the live splat
-count: the live splats first, then inert rows. An inert row lies far beyond the far plane (1e11 along each axis:
-every camera culls it, so it takes no tile entry, no gradient and no densification statistic), has zero opacity
-(logit -1e4) and zero moments, so Adam leaves it as it is. A refine (and anything else that edits the splats: the
+count: the live splats first, then inert rows. An inert row lies at 1e11 along each axis (beyond the far plane, behind
+the camera or far off screen for a pinhole camera near the scene: culled, so it takes no tile entry, no gradient and
+no densification statistic), has zero opacity (logit -1e4; rendered, it would add nothing) and zero moments, so Adam
+leaves it as it is. A refine (and anything else that edits the splats: the
 opacity reset, the splat cap) runs on the live rows alone (`release`: views of them, what gsplat's operations
 expect); `hold` then copies the result into the held tensors, refilling the rows past it with inert values, as
 long as the new count stays within the same rung. The Parameter objects, the moments and the statistics keep their
@@ -17,6 +18,8 @@ addresses, so the next step replays the recorded graph. Only a count crossing a 
 recording).
 
 Checkpoints are written released (the live splats only), so ns-export, ns-render and resuming see no inert row.
+On lego (7000 steps, one H100) 23-24 recordings and 16 steps op by op remained of 71-74 and 68, and the training loop
+took 1.27 ms per step against 1.41 (benchmarks/RESULTS.md, forty-seventh session).
 """
 
 from __future__ import annotations
