@@ -39,7 +39,7 @@ from bytesplat_ns.render.rasterize import resolve_backend
 from bytesplat_ns.render.screen_space import screen_space
 from bytesplat_ns.render.types import ScreenSplats
 from bytesplat_ns.splat_ply import read_splats
-from bytesplat_ns.splat_rows import HeldRows
+from bytesplat_ns.splat_rows import SplatRows
 from bytesplat_ns.ssim import SSIMTerm
 from bytesplat_ns.strategy import ByteSplatStrategy
 
@@ -170,7 +170,7 @@ class ByteSplatModel(SplatfactoModel):
         """The last training render's camera and options."""
         self.bins = BinCapacity()  # fused renderer, training: tile binning without a host sync
         self.scale_intrinsics = IntrinsicsScale()
-        self.rows: HeldRows | None = None
+        self.rows: SplatRows | None = None
         """The splats' rows held at a capacity on rungs (splat_rows.py; the trainer turns it on with the step
         graph), or None: the tensors hold the live splats only."""
 
@@ -229,7 +229,7 @@ class ByteSplatModel(SplatfactoModel):
         """From now on hold the splats' rows at a capacity on rungs (splat_rows.py). `optimizers`: the trainer's,
         by parameter name (splatfacto's step callback sets the same dict before every step)."""
         self.optimizers = optimizers
-        self.rows = HeldRows(live=self.num_rows)
+        self.rows = SplatRows(live=self.num_rows)
         self.rows.hold(self.gauss_params, self.optimizers, self.strategy_state)
 
     @contextmanager

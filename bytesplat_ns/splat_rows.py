@@ -58,7 +58,9 @@ def _copy_rows(target: Tensor, source: Tensor, name: str | None) -> None:
 
 
 @dataclass
-class HeldRows:
+class SplatRows:
+    """The live count of splats held at `capacity` rows, and the moves between held and live-only tensors."""
+
     live: int
     """Splats in use: the leading rows of every held tensor."""
     granule: int = 1 << 12

@@ -10,7 +10,7 @@ import numpy
 import torch
 
 from bytesplat_ns.capacity_rungs import rung_above
-from bytesplat_ns.splat_rows import INERT, HeldRows, fill_inert
+from bytesplat_ns.splat_rows import INERT, SplatRows, fill_inert
 from bytesplat_ns.strategy import ByteSplatStrategy
 from tests.trainer_setup import make_trainer
 
@@ -19,7 +19,7 @@ GRANULE = 64
 STATISTICS = ("grad2d", "count", "radii")
 
 
-def _splats(start: dict, rows: HeldRows | None):
+def _splats(start: dict, rows: SplatRows | None):
     params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in start.items()})
     optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
     for p in params.values():
@@ -51,7 +51,7 @@ def test_refines_on_held_rows_equal_refines_on_the_live_splats():
         "quats": torch.randn(N, 4, generator=generator),
         "opacities": torch.randn(N, 1, generator=generator),
     }
-    rows = HeldRows(live=N, granule=GRANULE)
+    rows = SplatRows(live=N, granule=GRANULE)
     plain, held = _splats(start, None), _splats(start, rows)
     kept = changed = 0
     for step in range(1, 25):
