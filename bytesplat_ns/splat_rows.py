@@ -6,16 +6,15 @@ after each refine the step after it ran op by op (its binning exact) and the nex
 the refine itself, 33-37 ms of the GPU's timeline per refine on lego, some 65 refines in 7000 steps, whatever the
 number of GPUs (benchmarks/RESULTS.md, thirty-second session).
 
-With rows held, each of those tensors has `capacity` rows, a rung (capacity_rungs.py) at or above the live splat
-count: the live splats first, then inert rows. An inert row lies at 1e11 along each axis (beyond the far plane, behind
-the camera or far off screen for a pinhole camera near the scene: culled, so it takes no tile entry, no gradient and
-no densification statistic), has zero opacity (logit -1e4; rendered, it would add nothing) and zero moments, so Adam
-leaves it as it is. A refine (and anything else that edits the splats: the
-opacity reset, the splat cap) runs on the live rows alone (`release`: views of them, what gsplat's operations
-expect); `hold` then copies the result into the held tensors, refilling the rows past it with inert values, as
-long as the new count stays within the same rung. The Parameter objects, the moments and the statistics keep their
-addresses, so the next step replays the recorded graph. Only a count crossing a rung makes new tensors (and a
-recording).
+With rows held, each of those tensors has `capacity` rows, a rung (capacity_rungs.py) at or above the live splat count:
+the live splats first, then inert rows. An inert row lies at 1e11 along each axis (beyond the far plane, behind the
+camera or far off screen for a pinhole camera near the scene: culled, so it takes no tile entry, no gradient and no
+densification statistic), has zero opacity (logit -1e4; rendered, it would add nothing) and zero moments, so Adam leaves
+it as it is. A refine (and anything else that edits the splats: the opacity reset, the splat cap) runs on the live rows
+alone (`release`: views of them, what gsplat's operations expect); `hold` then copies the result into the held tensors,
+refilling the rows past it with inert values, as long as the new count stays within the same rung. The Parameter
+objects, the moments and the statistics keep their addresses, so the next step replays the recorded graph. Only a count
+crossing a rung makes new tensors (and a recording).
 
 Checkpoints are written released (the live splats only), so ns-export, ns-render and resuming see no inert row.
 On lego (7000 steps, one H100) 23-24 recordings and 16 steps op by op remained of 71-74 and 68, and the training loop
@@ -45,16 +44,20 @@ def fill_inert(name: str, rows: Tensor) -> None:
         rows[:, 0] = 1.0
 
 
-def _copy_rows(target: Tensor, source: Tensor, name: str | None) -> None:
-    """target[:len(source)] = source; the rows after it inert (parameter `name`) or zero (None)."""
-    live = source.shape[0]
-    if target.data_ptr() != source.data_ptr():  # else `source` is the view `release` made: unchanged
-        target[:live].copy_(source)
+def _held_copy(value: Tensor, target: Tensor | None, capacity: int, name: str | None = None) -> Tensor:
+    """`value` ([live, ...]) as the leading rows of `target` where that has `capacity` rows, else of a new tensor of
+    that many; the rows after it inert (parameter `name`) or zero (None). -> the tensor written."""
+    if target is None or target.shape[0] != capacity:
+        target = value.new_empty((capacity, *value.shape[1:]))
+    live = value.shape[0]
+    if target.data_ptr() != value.data_ptr():  # else `value` is the view `release` made: unchanged
+        target[:live].copy_(value)
     rest = target[live:]
     if name is None:
         rest.zero_()
     else:
         fill_inert(name, rest)
+    return target
 
 
 @dataclass
@@ -103,30 +106,20 @@ class SplatRows:
             optimizer = optimizers[name]
             moments = optimizer.state.pop(live, {})
             param, old = held.get(name, (None, {}))
-            if param is None or param.shape[0] != capacity:
-                param, old = torch.nn.Parameter(live.data.new_empty((capacity, *live.shape[1:]))), {}
-                param.requires_grad_(live.requires_grad)
-            _copy_rows(param.data, live.data, name)
-            for key, value in list(moments.items()):
+            if param is None or param.shape[0] != capacity:  # a new rung: new tensors
+                param, old = None, {}
+            data = _held_copy(live.data, param.data if param is not None else None, capacity, name)
+            param = param if param is not None else torch.nn.Parameter(data, requires_grad=live.requires_grad)
+            for key, value in moments.items():
                 if _per_row(key, value):
-                    target = old.get(key)
-                    if target is None or target.shape[0] != capacity:
-                        target = value.new_empty((capacity, *value.shape[1:]))
-                    _copy_rows(target, value, None)
-                    moments[key] = target
+                    moments[key] = _held_copy(value, old.get(key), capacity)
             if moments:
                 optimizer.state[param] = moments
             optimizer.param_groups[0]["params"] = [param]
             params[name] = param
         for key in STATISTICS:
-            value = state.get(key)
-            if value is None:
-                continue
-            target = held.get(key)
-            if target is None or target.shape[0] != capacity:
-                target = value.new_empty((capacity, *value.shape[1:]))
-            _copy_rows(target, value, None)
-            state[key] = target
+            if state.get(key) is not None:
+                state[key] = _held_copy(state[key], held.get(key), capacity)
 
     def recount(self, opacities: Tensor) -> None:
         """Count the live rows anew from `opacities` ([capacity, ...] logits: the inert rows hold exactly INERT's),
