@@ -323,6 +323,14 @@ class SparseRowExchange:
         row_bytes = (_slots(self._value_dtype()) + self._all_values) * self._value_dtype().itemsize
         return self._peers.reserve(num_rows, row_bytes, like[0].device)
 
+    def forget_held_rows(self) -> None:
+        """The splats are about to be renumbered (a refine, an opacity reset, the cap): rows held back for a later
+        pack would reach the wrong splats after it, so they go (in place: a recorded step graph keeps the buffers).
+        A renumbering that changes the splat count drops them in `begin` as well."""
+        for held in (self._residual, self._held):
+            if held is not None:
+                held.clear()
+
     def close(self) -> None:
         """At the end of training: peers reading the rows free their regions once no rank uses them (collective)."""
         if self._peers is not None:

@@ -244,10 +244,14 @@ class ByteSplatModel(SplatfactoModel):
         yield
         self.rows.hold(self.gauss_params, self.optimizers, self.strategy_state, held)
 
+    def edits_splats_at(self, step: int) -> bool:
+        """Whether `step_post_backward` edits the splats at `step` (refine, opacity reset or the splat cap)."""
+        return self.strategy.edits_splats_at(step) or 0 < self.config.max_splats < self.num_points
+
     def step_post_backward(self, step: int) -> None:
         """Densify (ByteSplatStrategy: gsplat's DefaultStrategy schedule, as splatfacto), then keep the splat count
         under max_splats."""
-        if not (self.strategy.edits_splats_at(step) or 0 < self.config.max_splats < self.num_points):
+        if not self.edits_splats_at(step):
             return
         try:
             with self.live_rows():

@@ -211,6 +211,11 @@ class ByteSplatPipeline(VanillaPipeline):
     def end_exchange(self) -> ExchangeStats:
         return self.exchange.end()
 
+    def splats_renumbered(self) -> None:
+        """Before the splats are edited (model.edits_splats_at): the exchange forgets rows it held back."""
+        if isinstance(self.exchange, SparseRowExchange):
+            self.exchange.forget_held_rows()
+
     def pack_for_later(self, visible: torch.Tensor | None = None) -> None:
         """One step late: this step's splat gradient rows packed for the next step's exchange (late_update.py)."""
         self.exchange.pack_for_later(self._gradients()[0], visible=visible)

@@ -339,11 +339,13 @@ class ByteSplatTrainer(Trainer):
             optimizers.scheduler_step_all(step)
         clock.lap("optimizer")
         self.stats.add_exchange(exchange)
+        edits = self.pipeline.model.edits_splats_at(step)  # the callbacks refine, reset or cap next
         if self.late is not None:
             self.late.pending = True  # this step's rows, packed
-            saves = step_check(step, self.config.steps_per_save)  # nerfstudio's loop writes a checkpoint next
-            if saves or self.pipeline.model.strategy.edits_splats_at(step):  # or the callbacks refine or reset
+            if edits or step_check(step, self.config.steps_per_save):  # or nerfstudio's loop writes a checkpoint
                 self._apply_pending(step)
+        if edits:
+            self.pipeline.splats_renumbered()
         return self.log_values(step, loss, loss_dict, metrics_dict)
 
     def _stepping(self, step: int) -> list[str]:

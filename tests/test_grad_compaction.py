@@ -11,7 +11,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bytesplat_ns.datamanager import camera_shard, epoch_order, matched_epoch_order
-from bytesplat_ns.grad_compaction import DenseExchange, SparseRowExchange, all_reduce_mean, ring_all_reduce_bytes
+from bytesplat_ns.grad_compaction import (
+    DenseExchange,
+    HeldRows,
+    SparseRowExchange,
+    all_reduce_mean,
+    ring_all_reduce_bytes,
+)
+from tests.trainer_setup import make_trainer
 
 ROWS = 5000
 SHAPES = [(3,), (15, 3), (1,), (4,)]  # means, features_rest, opacities, quats
@@ -631,3 +638,26 @@ def test_missing_exchange_kernels_fail_at_start_naming_both_fixes(monkeypatch):
     monkeypatch.setattr(pipeline.ops, "ext", no_build)
     with pytest.raises(FusedBuildError, match="(?s)nvcc was not found.*--pipeline.exchange-kernels False"):
         pipeline._build_exchange_kernels()
+
+
+def test_rows_held_back_are_forgotten_in_place_before_the_splats_are_renumbered(tmp_path, monkeypatch):
+    """Rows a pack held back (the residual, an owner's held rows) would reach the wrong splats after a refine, which
+    renumbers them; with the splats' rows held at a capacity (splat_rows.py) the count, and so the buffers, can stay.
+    The trainer has the exchange forget them, in place (a recorded step graph keeps the buffers), at every step
+    whose callbacks edit the splats, and only there."""
+    exchange = SparseRowExchange()
+    exchange._residual, exchange._held = HeldRows.none(8, 3, "cpu"), HeldRows.none(4, 3, "cpu")
+    for held in (exchange._residual, exchange._held):
+        held.values[1:3] = 1.0
+        held.count.fill_(2)
+    buffers = [(h.values.data_ptr(), h.count.data_ptr()) for h in (exchange._residual, exchange._held)]
+    exchange.forget_held_rows()
+    for held, addresses in zip((exchange._residual, exchange._held), buffers):
+        assert not held.values.any() and int(held.count) == 0
+        assert (held.values.data_ptr(), held.count.data_ptr()) == addresses
+
+    trainer = make_trainer(tmp_path, steps=30, warmup_length=5, refine_every=6)
+    renumbered = []
+    monkeypatch.setattr(trainer.pipeline, "splats_renumbered", lambda: renumbered.append(trainer.step))
+    trainer.train()
+    assert renumbered == [0, 12, 18, 24]  # the opacity reset at 0; refines from 12 (after a reset's pause)
