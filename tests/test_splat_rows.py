@@ -12,6 +12,7 @@ import torch
 from bytesplat_ns.capacity_rungs import rung_above
 from bytesplat_ns.splat_rows import INERT, SplatRows, fill_inert
 from bytesplat_ns.strategy import ByteSplatStrategy
+from tests.test_strategy import splats_with_adam
 from tests.trainer_setup import make_trainer
 
 N = 500
@@ -20,12 +21,7 @@ STATISTICS = ("grad2d", "count", "radii")
 
 
 def _splats(start: dict, rows: SplatRows | None):
-    params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in start.items()})
-    optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
-    for p in params.values():
-        p.grad = torch.ones_like(p)
-    for optimizer in optimizers.values():
-        optimizer.step()  # Adam's moments exist, as in training
+    params, optimizers = splats_with_adam(start)
     state = ByteSplatStrategy().initialize_state()
     if rows is not None:
         rows.hold(params, optimizers, state)

@@ -94,6 +94,18 @@ def test_a_training_step_adds_its_statistics_once(tmp_path):
     torch.testing.assert_close(state["grad2d"], expected["grad2d"])
 
 
+def splats_with_adam(start: dict) -> tuple[torch.nn.ParameterDict, dict]:
+    """(parameters copied from `start`, an Adam per parameter that has stepped once: its moments exist, as in
+    training)."""
+    params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in start.items()})
+    optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
+    for p in params.values():
+        p.grad = torch.ones_like(p)
+    for optimizer in optimizers.values():
+        optimizer.step()
+    return params, optimizers
+
+
 class _GsplatRefines(DefaultStrategy):
     """gsplat's DefaultStrategy with the statistics given, as ByteSplatStrategy's come in with the step."""
 
@@ -115,15 +127,7 @@ def test_refines_and_resets_as_gsplat_without_emptying_the_cache():
         "quats": torch.randn(N, 4, generator=generator),
         "opacities": torch.randn(N, generator=generator),
     }
-    runs = []
-    for _ in range(2):
-        params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in start.items()})
-        optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
-        for p in params.values():
-            p.grad = torch.ones_like(p)
-        for optimizer in optimizers.values():
-            optimizer.step()  # Adam's moments exist, as in training
-        runs.append((params, optimizers, ours.initialize_state()))
+    runs = [(*splats_with_adam(start), ours.initialize_state()) for _ in range(2)]
     with mock.patch.object(torch.cuda, "empty_cache") as empty_cache:
         for step in range(1, 13):
             n = len(runs[0][0]["means"])
