@@ -75,7 +75,7 @@ class ByteSplatTrainerConfig(TrainerConfig):
     <run folder>/step_trace.json.gz (other ranks: step_trace_rank<r>.json.gz)."""
     cuda_graph: bool = True
     """On one CUDA GPU with the fused renderer: record the training step as a CUDA graph and replay it, recording
-    again after densification (step_graph.py says when it applies). False: every step runs op by op."""
+    again when what it baked in changes (step_graph.py says when it applies). False: every step runs op by op."""
     hold_splat_rows: bool = True
     """With the step graph: hold the splats' rows at a capacity on rungs about 9% apart, the rows past the live
     splats inert, so a refine that keeps the count within its rung leaves the recorded graph valid (splat_rows.py)
