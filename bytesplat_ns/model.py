@@ -232,6 +232,12 @@ class ByteSplatModel(SplatfactoModel):
         self.rows = SplatRows(live=self.num_rows)
         self.rows.hold(self.gauss_params, self.optimizers, self.strategy_state)
 
+    def recount_rows(self) -> None:
+        """With rows held: count the live splats anew after the tensors were replaced wholesale (the non-finite
+        guard's restore; one host sync)."""
+        if self.rows is not None:
+            self.rows.recount(self.opacities)
+
     @contextmanager
     def live_rows(self):
         """Within: the splat tensors, their moments and statistics hold the live splats only, as gsplat's

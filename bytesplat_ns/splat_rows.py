@@ -24,17 +24,16 @@ took 1.27 ms per step against 1.41 (benchmarks/RESULTS.md, forty-seventh session
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+from gsplat.strategy.ops import _update_param_with_optimizer
 from torch import Tensor
 
 from bytesplat_ns.capacity_rungs import rung_above
 
 INERT = {"means": 1e11, "scales": -20.0, "quats": 0.0, "opacities": -1e4}
 """Value of an inert row's entries, by parameter (others: 0). quats: (1, 0, 0, 0), set apart."""
-
-STATISTICS = ("grad2d", "count", "radii")
-"""Densification statistics, one value per splat (strategy.py)."""
 
 
 def fill_inert(name: str, rows: Tensor) -> None:
@@ -45,14 +44,15 @@ def fill_inert(name: str, rows: Tensor) -> None:
 
 
 def _held_copy(value: Tensor, target: Tensor | None, capacity: int, name: str | None = None) -> Tensor:
-    """`value` ([live, ...]) as the leading rows of `target` where that has `capacity` rows, else of a new tensor of
-    that many; the rows after it inert (parameter `name`) or zero (None). -> the tensor written."""
+    """`value` ([live, ...]) as the leading rows of `target` if that has `capacity` rows, else of a new tensor of that
+    many; the rows after it inert (parameter `name`) or zero (None). -> the tensor written. Nothing to write where
+    `value` is the view `release` made of `target`: an edit left it alone."""
     if target is None or target.shape[0] != capacity:
         target = value.new_empty((capacity, *value.shape[1:]))
-    live = value.shape[0]
-    if target.data_ptr() != value.data_ptr():  # else `value` is the view `release` made: unchanged
-        target[:live].copy_(value)
-    rest = target[live:]
+    elif target.data_ptr() == value.data_ptr():
+        return target
+    target[: value.shape[0]].copy_(value)
+    rest = target[value.shape[0] :]
     if name is None:
         rest.zero_()
     else:
@@ -60,9 +60,26 @@ def _held_copy(value: Tensor, target: Tensor | None, capacity: int, name: str | 
     return target
 
 
+def _held_param(name: str, live: torch.nn.Parameter, *, held: torch.nn.Parameter | None, capacity: int):
+    """gsplat's param_fn for `hold`: `live` written into `held` (kept where it has `capacity` rows), else into a new
+    Parameter."""
+    data = _held_copy(live.data, held.data if held is not None else None, capacity, name)
+    same = held is not None and data.data_ptr() == held.data_ptr()
+    return held if same else torch.nn.Parameter(data, requires_grad=live.requires_grad)
+
+
+def _held_moment(key: str, value: Tensor, *, held: dict, capacity: int) -> Tensor:
+    """gsplat's optimizer_fn for `hold`: an Adam moment written into the held one of `key`, if any."""
+    return _held_copy(value, held.get(key), capacity)
+
+
 @dataclass
 class SplatRows:
-    """The live count of splats held at `capacity` rows, and the moves between held and live-only tensors."""
+    """The live count of splats held at `capacity` rows, and the moves between held and live-only tensors.
+
+    The moves swap parameters and their optimizer state as gsplat's refine operations do (its
+    `_update_param_with_optimizer`: every optimizer state but `step` is per row), and take every tensor of the
+    strategy state as per row, as they do."""
 
     live: int
     """Splats in use: the leading rows of every held tensor."""
@@ -74,60 +91,45 @@ class SplatRows:
         return rung_above(self.live, self.granule)
 
     @torch.no_grad()
-    def release(self, params, optimizers: dict, state: dict) -> dict:
+    def release(self, params, optimizers: dict, state: dict) -> tuple[dict, dict]:
         """Put views of the live rows in place of the held parameters (in `params` and their optimizers) and
-        statistics. -> the held tensors, for `hold`. `params`: name -> Parameter, one optimizer of one parameter
-        per name (nerfstudio's splatfacto)."""
-        held = {}
-        for name, param in list(params.items()):
-            optimizer = optimizers[name]
-            moments = optimizer.state.pop(param, {})
-            view = torch.nn.Parameter(param.data[: self.live], requires_grad=param.requires_grad)
-            if moments:
-                optimizer.state[view] = {k: v[: self.live] if _per_row(k, v) else v for k, v in moments.items()}
-            optimizer.param_groups[0]["params"] = [view]
-            params[name] = view
-            held[name] = (param, moments)
-        for key in STATISTICS:
-            if state.get(key) is not None:
-                held[key] = state[key]
-                state[key] = state[key][: self.live]
-        return held
+        statistics. -> the held tensors (parameters with their optimizer state, statistics), for `hold`. `params`:
+        name -> Parameter, one optimizer of one parameter per name (nerfstudio's splatfacto)."""
+        live = self.live
+        held_params = {name: (param, dict(optimizers[name].state.get(param, {}))) for name, param in params.items()}
+        _update_param_with_optimizer(
+            lambda name, param: torch.nn.Parameter(param.data[:live], requires_grad=param.requires_grad),
+            lambda key, value: value[:live],
+            params,
+            optimizers,
+        )
+        held_state = {key: value for key, value in state.items() if torch.is_tensor(value)}
+        state.update({key: value[:live] for key, value in held_state.items()})
+        return held_params, held_state
 
     @torch.no_grad()
-    def hold(self, params, optimizers: dict, state: dict, held: dict | None = None) -> None:
+    def hold(self, params, optimizers: dict, state: dict, held: tuple[dict, dict] | None = None) -> None:
         """Hold `params` (the live splats, as `release` left them or an edit made them), their moments and the
         statistics at the capacity of their count: in the `held` tensors where that capacity is theirs, else in
         new ones."""
         self.live = len(params["means"])
         capacity = self.capacity
-        held = held or {}
-        for name, live in list(params.items()):
-            optimizer = optimizers[name]
-            moments = optimizer.state.pop(live, {})
-            param, old = held.get(name, (None, {}))
-            if param is None or param.shape[0] != capacity:  # a new rung: new tensors
-                param, old = None, {}
-            data = _held_copy(live.data, param.data if param is not None else None, capacity, name)
-            param = param if param is not None else torch.nn.Parameter(data, requires_grad=live.requires_grad)
-            for key, value in moments.items():
-                if _per_row(key, value):
-                    moments[key] = _held_copy(value, old.get(key), capacity)
-            if moments:
-                optimizer.state[param] = moments
-            optimizer.param_groups[0]["params"] = [param]
-            params[name] = param
-        for key in STATISTICS:
-            if state.get(key) is not None:
-                state[key] = _held_copy(state[key], held.get(key), capacity)
+        held_params, held_state = held or ({}, {})
+        for name in list(params):
+            param, moments = held_params.get(name, (None, {}))
+            _update_param_with_optimizer(
+                partial(_held_param, held=param, capacity=capacity),
+                partial(_held_moment, held=moments, capacity=capacity),
+                params,
+                optimizers,
+                names=[name],
+            )
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                state[key] = _held_copy(value, held_state.get(key), capacity)
 
     def recount(self, opacities: Tensor) -> None:
         """Count the live rows anew from `opacities` ([capacity, ...] logits: the inert rows hold exactly INERT's),
         after the held tensors were replaced wholesale (the non-finite guard's restore). One host sync."""
         inert = (opacities.reshape(opacities.shape[0], -1)[:, 0] == INERT["opacities"]).sum()
         self.live = opacities.shape[0] - int(inert)
-
-
-def _per_row(key: str, value) -> bool:
-    """Whether optimizer state `key` holds one row per splat (Adam's moments; not its step count)."""
-    return key != "step" and torch.is_tensor(value) and value.dim() > 0

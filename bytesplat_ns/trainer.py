@@ -311,8 +311,8 @@ class ByteSplatTrainer(Trainer):
         optimizers = self.optimizers
         if self.guard.due(step):  # before the forward pass: a restore then matches this step's densification stats
             restored = self.guard.check(step, optimizers.optimizers, self.pipeline.model.strategy_state)
-            if restored and self.pipeline.model.rows is not None:
-                self.pipeline.model.rows.recount(self.pipeline.model.opacities)  # the snapshot's live splats
+            if restored:
+                self.pipeline.model.recount_rows()  # the snapshot's live splats
             if restored and self.late is not None:
                 self.late.drop_pending()  # rows of the bad steps, on every rank alike
         camera, batch = self.pipeline.datamanager.next_train(step)
