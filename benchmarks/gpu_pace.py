@@ -1,14 +1,14 @@
 """Who waits for whom in `ns-train bytesplat`'s replayed steps: the host for the GPU, or the GPU for the host (#6).
 
-Trains bytesplat on lego with StepGraph.run wrapped (in the ns-train process, nothing else changed): before each
-step's device work the host asks the stream whether the GPU is still busy with earlier steps (a non-blocking
-query); timing events bracket the step's device work (the input copies and the graph replay) and the graph's
-replay alone. Read at the end, per replayed step: the GPU's time from the step's first to its last device work
-(idle time included where the GPU waited for the host inside the step), the graph's own span, and the GPU's idle
-gap before the step (the previous step's end to this step's start, where both were replayed); medians over all
-replayed steps and over those that found the GPU busy. A GPU busy at nearly every step's start and gaps near zero
-mean the GPU sets the pace: the host's time then goes to waiting (in whatever call finds the launch queue full),
-and only less GPU work shortens the step.
+Trains bytesplat on lego (--lone-rank: as rank 0 of two, lone_rank.py) with StepGraph.run wrapped (in the ns-train
+process, nothing else changed): before each step's device work the host asks the stream whether the GPU is still
+busy with earlier steps (a non-blocking query); timing events bracket the step's device work (the input copies and
+the graph replay) and the graph's replay alone. Read at the end, per replayed step: the GPU's time from the step's
+first to its last device work (idle time included where the GPU waited for the host inside the step), the graph's
+own span, and the GPU's idle gap before the step (the previous step's end to this step's start, where both were
+replayed); medians over all replayed steps and over those that found the GPU busy. A GPU busy at nearly every step's
+start and gaps near zero mean the GPU sets the pace: the host's time then goes to waiting (in whatever call finds
+the launch queue full), and only less GPU work shortens the step.
 
 Where the rest of the loop goes on the GPU's timeline: from the first replayed step's start to the last one's end,
 the replays' own spans, the gaps between consecutive replayed steps, and what lies between replays that are not
@@ -26,6 +26,7 @@ import argparse
 import atexit
 import json
 import os
+import runpy
 import statistics
 import sys
 from pathlib import Path
@@ -83,10 +84,9 @@ def child() -> None:
     StepGraph.run = run
     torch.cuda.CUDAGraph.replay = replay
     atexit.register(write)
-    sys.argv = sys.argv[3:]  # drop this script, --child and the interpreter: offline_nerfstudio.py ns-train ...
-    import offline_nerfstudio
-
-    offline_nerfstudio.main()
+    sys.argv = sys.argv[3:]  # drop this script, --child and the interpreter: offline_nerfstudio.py ns-train ... (or
+    # lone_rank.py --as-rank-0-of-2 ns-train ...)
+    runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def main() -> None:
@@ -95,8 +95,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
-    parser.add_argument("--steps", type=int, default=7000)
+    parser.add_argument("--steps", type=int, default=7000, help="views (steps with one GPU)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--lone-rank", action="store_true", help="train as rank 0 of two on one GPU (lone_rank.py)")
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[], help="more ns-train options (last)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gpu-pace"))
     parser.add_argument("--json", type=Path, required=True)

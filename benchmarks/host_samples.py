@@ -30,7 +30,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quality_seeds import Run, start  # noqa: E402
+from lone_rank import LAUNCHER as LONE_RANK  # noqa: E402
+from quality_seeds import OFFLINE, Run, start  # noqa: E402
 from run_summary import run_summary  # noqa: E402
 
 LOOP_FRAME = re.compile(r"^(Trainer\.)?train \(.*nerfstudio/engine/trainer\.py:\d+\)$")
@@ -119,10 +120,12 @@ def print_tree(rows: list[dict]) -> None:
 
 
 def train(args: argparse.Namespace, name: str, wrapper: list[str]) -> Run:
-    """Train bytesplat on args.data for args.steps steps (args.seed, args.options), started through `wrapper`;
-    fails unless ns-train exits cleanly. Also gpu_pace.py's."""
+    """Train bytesplat on args.data for args.steps views (args.seed, args.options; with args.lone_rank as rank 0 of
+    two, lone_rank.py), started through `wrapper`; fails unless ns-train exits cleanly. Also gpu_pace.py's."""
     run = Run(name, args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / f"{name}.log")
-    start(run, args.steps, args.data, args.out, wrapper=wrapper)
+    lone_rank = (str(Path(__file__).parent / "lone_rank.py"), LONE_RANK)
+    start(run, args.steps, args.data, args.out, wrapper=wrapper,
+          runner=(sys.executable, *(lone_rank if args.lone_rank else [OFFLINE])))  # fmt: skip
     if run.process.wait() != 0:
         raise SystemExit(f"{name}: ns-train failed (exit {run.process.returncode}); see {run.log}")
     return run
@@ -131,8 +134,9 @@ def train(args: argparse.Namespace, name: str, wrapper: list[str]) -> Run:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
-    parser.add_argument("--steps", type=int, default=7000)
+    parser.add_argument("--steps", type=int, default=7000, help="views (steps with one GPU)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--lone-rank", action="store_true", help="train as rank 0 of two on one GPU (lone_rank.py)")
     parser.add_argument("--rate", type=int, default=1000, help="samples per second")
     parser.add_argument("--plain-runs", type=int, default=1, help="runs without py-spy first, for its cost")
     parser.add_argument("--depth", type=int, default=6, help="levels of the tree below the loop")

@@ -81,16 +81,17 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
 
 
 def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blender-data",
-          save_every: int | None = None, wrapper: Sequence[str] = ()) -> None:  # fmt: skip
+          save_every: int | None = None, wrapper: Sequence[str] = (),
+          runner: Sequence[str] = (sys.executable, OFFLINE)) -> None:  # fmt: skip
     """Start ns-train for `run` in a new run folder (an earlier run's there is removed: its events would count as
     this run's): a checkpoint at the end (and every `save_every` views, all kept, if given); `wrapper`: a command
-    that runs it (a profiler)."""
+    that runs it (a profiler); `runner`: the script that takes ns-train's arguments (`ns-train METHOD ...`)."""
     # bytesplat reads --max-num-iterations (and --steps-per-save) as views: views / N steps on N GPUs
     keep_all = ["--save-only-latest-checkpoint", "False"] if save_every else []
     # a lane's options may end with the dataparser and its own options (e.g. "blender-data --alpha-color None")
     cut = run.args.index(dataparser) if dataparser in run.args else len(run.args)
     cmd = [
-        *wrapper, sys.executable, OFFLINE, "ns-train", run.method, "--data", str(data),
+        *wrapper, *runner, "ns-train", run.method, "--data", str(data),
         "--max-num-iterations", str(views),
         "--machine.seed", str(run.seed), "--vis", "tensorboard", "--steps-per-eval-image", "0",
         "--steps-per-eval-all-images", "0", "--steps-per-save", str(save_every or views), *keep_all,
