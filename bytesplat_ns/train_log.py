@@ -13,9 +13,17 @@ protobuf records a step and a background writer thread that competes with the tr
 interpreter. `LogStepWriter` passes those three on only at log steps, like every other training value; the
 console's running averages are unchanged (they never go through the writers). Measured in
 benchmarks/RESULTS.md (twenty-third session).
+
+nerfstudio's console writer prints a line of its stats table at every log step: at a thousand steps a second a
+hundred lines a second, each some 0.3 ms of host time (py-spy, lego on one H200, benchmarks/RESULTS.md,
+forty-eighth session). `ConsoleEvery` lets a log step print only when the last line is
+CONSOLE_EVERY_S old: about ten lines a second, the rate a person can read (and splatfacto's at its ~100 steps a
+second); the line printed carries that step's values as before.
 """
 
 from __future__ import annotations
+
+import time
 
 import nerfstudio.configs.base_config  # noqa: F401  (before nerfstudio.utils.writer: they import each other)
 import torch
@@ -85,8 +93,33 @@ class LogStepWriter(writer.Writer):
         self.inner.write_config(name, config_dict, step)
 
 
+class ConsoleEvery:
+    """nerfstudio's console writer's `write_stats_log`, printing at a log step only when its last print is `every_s`
+    seconds old (other steps print nothing anyway)."""
+
+    def __init__(self, write_stats_log, steps_per_log: int, every_s: float) -> None:
+        self.inner, self.steps_per_log, self.every_s = write_stats_log, steps_per_log, every_s
+        self.last = -float("inf")
+
+    def __call__(self, step: int) -> None:
+        if self.steps_per_log > 0 and step % self.steps_per_log == 0:
+            now = time.perf_counter()
+            if now - self.last < self.every_s:
+                return
+            self.last = now
+        self.inner(step)
+
+
+CONSOLE_EVERY_S = 0.1
+"""Seconds between two lines of the console's stats table, at least."""
+
+
 def log_timing_at_log_steps(steps_per_log: int) -> None:
-    """Wrap nerfstudio's event writers (set up by its trainer) in LogStepWriter; the console writer stays."""
+    """Wrap nerfstudio's event writers (set up by its trainer) in LogStepWriter; the console writer prints at most
+    every CONSOLE_EVERY_S (ConsoleEvery)."""
+    for w in writer.EVENT_WRITERS:
+        if isinstance(w, writer.LocalWriter) and not isinstance(w.write_stats_log, ConsoleEvery):
+            w.write_stats_log = ConsoleEvery(w.write_stats_log, steps_per_log, CONSOLE_EVERY_S)
     writer.EVENT_WRITERS[:] = [
         w if isinstance(w, (writer.LocalWriter, LogStepWriter)) else LogStepWriter(w, steps_per_log)
         for w in writer.EVENT_WRITERS

@@ -7,7 +7,13 @@ import pytest
 import torch
 from nerfstudio.utils import writer
 
-from bytesplat_ns.train_log import PER_STEP_TIMES, LateLogValues, LogStepWriter, log_timing_at_log_steps
+from bytesplat_ns.train_log import (
+    PER_STEP_TIMES,
+    ConsoleEvery,
+    LateLogValues,
+    LogStepWriter,
+    log_timing_at_log_steps,
+)
 
 
 def _step(step: int):
@@ -67,3 +73,23 @@ def test_timing_scalars_reach_the_event_writers_at_log_steps_only(monkeypatch):
     assert by_name["Train Loss"] == [0, 10, 20]
     assert by_name["Test PSNR"] == list(range(25))
     assert len(writer.GLOBAL_BUFFER["events"]["Train Iter (time)"]["buffer"]) == 20  # the console's averages: all
+
+
+def test_the_console_prints_a_log_step_only_when_its_last_line_is_old_enough(monkeypatch):
+    clock = iter([0.0, 0.05, 0.12, 0.15])  # the log steps' times
+    monkeypatch.setattr("bytesplat_ns.train_log.time.perf_counter", lambda: next(clock))
+    printed = []
+    console = ConsoleEvery(printed.append, steps_per_log=10, every_s=0.1)
+    for step in range(40):
+        console(step)
+    assert printed == [0, *range(1, 10), *range(11, 20), 20, *range(21, 30), *range(31, 40)]  # 10, 30: too soon
+
+
+def test_the_console_writer_is_throttled_once(monkeypatch):
+    local = writer.LocalWriter.__new__(writer.LocalWriter)  # no terminal set-up
+    local.write_stats_log = lambda step: None
+    monkeypatch.setattr(writer, "EVENT_WRITERS", [local])
+    log_timing_at_log_steps(steps_per_log=10)
+    log_timing_at_log_steps(steps_per_log=10)
+    assert isinstance(local.write_stats_log, ConsoleEvery) and not isinstance(local.write_stats_log.inner, ConsoleEvery)
+    assert writer.EVENT_WRITERS == [local]
