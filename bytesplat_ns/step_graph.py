@@ -162,6 +162,8 @@ class StepGraph:
         self.record_seconds = 0.0
         self.eager: Counter[str] = Counter()
         """Steps run op by op, by reason."""
+        self.recorded: Counter[str] = Counter()
+        """Recordings, by reason."""
 
     def run(self, step: int, camera, batch: dict, note: int | None = None) -> tuple | None:
         """Replay (recording first if needed) the step on `camera` and `batch`; `note`: this rank's note for the
@@ -187,7 +189,16 @@ class StepGraph:
         exchange_key = self.pipeline.begin_exchange(note) if note is not None else None
         if self.late is not None:
             exchange_key = (exchange_key, self.late.key())
-        if key != self.key or exchange_key != self.exchange_key or wanted > self.bins.capacity:
+        stale = (
+            "after a step op by op" if self.key is None
+            else "new splat tensors" if key[0] != self.key[0]
+            else "new SH degree, resolution or phase" if key != self.key
+            else "exchange plan" if exchange_key != self.exchange_key
+            else "binning capacity" if wanted > self.bins.capacity
+            else None
+        )  # fmt: skip
+        if stale is not None:
+            self.recorded[stale] += 1
             self._record(key, camera, batch, rung_above(wanted, bins.granule))
             self.exchange_key = exchange_key
         self.inputs.load(camera, batch)
@@ -201,8 +212,9 @@ class StepGraph:
 
     def summary(self) -> str:
         eager = ", ".join(f"{n} {why}" for why, n in self.eager.items())
-        return (f"{self.replays:,} steps replayed, {self.captures} recordings ({self.record_seconds:.1f} s); op by op: "
-                f"{eager or 'none'}")  # fmt: skip
+        recorded = ", ".join(f"{n} {why}" for why, n in self.recorded.most_common())
+        return (f"{self.replays:,} steps replayed, {self.captures} recordings ({self.record_seconds:.1f} s: "
+                f"{recorded or 'none'}); op by op: {eager or 'none'}")  # fmt: skip
 
     def release(self) -> None:
         """Free the recorded graph and its memory pool, at the end of training. With several GPUs a graph that

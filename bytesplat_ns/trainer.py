@@ -589,7 +589,8 @@ class ByteSplatTrainer(Trainer):
         graph = self.step_graph
         return {"graph_replays": graph.replays if graph else 0, "graph_recordings": graph.captures if graph else 0,
                 "graph_record_s": graph.record_seconds if graph else 0.0,
-                "graph_eager_steps": dict(graph.eager) if graph else {}}  # fmt: skip
+                "graph_eager_steps": dict(graph.eager) if graph else {},
+                "graph_recording_reasons": dict(graph.recorded) if graph else {}}  # fmt: skip
 
     def _print_summary(self) -> None:
         table = Table(show_header=False, box=None)

@@ -58,6 +58,7 @@ class _OpByOpRecorder:
     captures = replays = 0
     record_seconds = 0.0
     eager: dict = {}
+    recorded: dict = {}
 
     def __init__(self) -> None:
         self.releases = 0
