@@ -16,6 +16,8 @@ import math
 
 RUNGS_PER_DOUBLING = 8
 """Rungs per doubling of a capacity: 2^(1/8), about 9% apart."""
+RUNG_RATIO = 2 ** (1 / RUNGS_PER_DOUBLING)
+"""One rung over the one below it (before rounding to the granule)."""
 
 
 def rung_above(value: int, granule: int) -> int:

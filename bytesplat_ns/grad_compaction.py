@@ -34,9 +34,13 @@ value, so the capacities of both rounds come from the gathered headers.
 
 The capacities are the same on every rank (they come from the gathered counts and the capacities before them):
 the largest count of the last `window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W
-rounded up for an owner's), times `headroom`, rounded up to a rung (capacity_rungs.py: multiples of 1024 rows about
-9% apart), kept while that falls within `keep_above` of the capacity in use (the step graph records the exchange
-again when a capacity changes); every row until the first counts are read. A rank with more non-zero
+rounded up for an owner's), times `headroom`, plus one rung of room for the splats' growth, rounded up to a rung
+(capacity_rungs.py: multiples of 1024 rows about 9% apart); kept while what the counts ask for falls within
+`keep_above` of the capacity in use, except when the gradients change shape (densification moved the splats' rows
+to another rung, the SH degree grew): the step graph records the exchange again when a capacity changes, and
+records it then anyway, so the capacity moves with the rows and not at a step of its own (lego as rank 0 of two,
+benchmarks/lone_rank.py: 56 recordings in 3500 steps against one GPU's 22, benchmarks/RESULTS.md, forty-eighth
+session); every row until the first counts are read. A rank with more non-zero
 rows than a buffer's capacity (its view saw far more than the recent ones) sends `capacity` of them and keeps the
 rest as a residual, added to its next gradient: sent a step late, not lost, and the capacity grows once that
 exchange's counts are read (`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit.
@@ -94,7 +98,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bytesplat_ns.capacity_rungs import rung_above
+from bytesplat_ns.capacity_rungs import RUNG_RATIO, rung_above
 from bytesplat_ns.cuda import ops
 from bytesplat_ns.late_read import STEPS_LATE, LateQueue
 from bytesplat_ns.peer_rows import FREE, READY, PeerRows
@@ -173,9 +177,10 @@ class SparseRowExchange:
     headroom: float = 1.25
     """Capacity = this times the largest count seen in the last `window` exchanges."""
     window: int = 100
-    keep_above: float = 0.9
+    keep_above: float = 0.8
     """A capacity in use is kept while the one the counts ask for lies between this fraction of it and it: the few
-    percent a view's count drifts do not change it (and make the step graph record again)."""
+    percent a view's count drifts, and the rung of room a new capacity has, do not change it (and make the step
+    graph record again)."""
     lag: int = STEPS_LATE
     """Exchanges between sending the headers and reading them on the host."""
     kernels: bool = False
@@ -273,15 +278,18 @@ class SparseRowExchange:
         self._all_values = sum(values)
         in_use = values if columns is None else [v if c is None else min(v, c) for v, c in zip(values, columns)]
         num_rows, width = like[0].shape[0], sum(in_use)
-        if (num_rows, width) != self._shape:  # densification renumbered the splats, or the SH degree grew: held
-            self._residual = self._held = self._sums = None  # rows mean nothing now
+        reshaped = (num_rows, width) != self._shape  # densification renumbered the splats, or the SH degree grew:
+        if reshaped:
+            self._residual = self._held = self._sums = None  # held rows mean nothing now
         self._shape = (num_rows, width)
         self._routed = world >= self.all_to_all_from and not self.one_step_late and not self.peer_reads  # 1: one
         # rank routes to itself (what the tests run on 1 GPU)
         limit = self._limit(world)
-        self.capacity = limit if self.peer_reads else self._next_capacity(self._fractions, limit, self.capacity)
+        self.capacity = (
+            limit if self.peer_reads else self._next_capacity(self._fractions, limit, self.capacity, reshaped)
+        )
         self.route_capacity = (
-            self._next_capacity(self._route_fractions, limit, self.route_capacity) if self._routed else 0
+            self._next_capacity(self._route_fractions, limit, self.route_capacity, reshaped) if self._routed else 0
         )
         device = like[0].device
         if self._residual is None and (self.route_capacity if self._routed else self.capacity) < limit:
@@ -620,14 +628,16 @@ class SparseRowExchange:
                 _remember(self._route_fractions, max(received) / max(1, limit), self.window)
         return notes, overflows
 
-    def _next_capacity(self, fractions: deque, limit: int, current: int) -> int:
-        """Rows for a buffer that could need `limit`, `current` in use: every row until counts are read."""
+    def _next_capacity(self, fractions: deque, limit: int, current: int, reshaped: bool) -> int:
+        """Rows for a buffer that could need `limit`, `current` in use: every row until counts are read. A new
+        capacity has a rung of room above what the counts ask for (for their growth as the splats grow); while the
+        gradients keep their shape (`reshaped` False) the capacity in use is kept within `keep_above`."""
         if not fractions:
             return limit
         rows = math.ceil(limit * min(1.0, max(fractions) * self.headroom))
-        if self.keep_above * current <= rows <= current <= limit:
+        if not reshaped and self.keep_above * current <= rows <= current <= limit:
             return current
-        return max(1, min(limit, rung_above(rows, CAPACITY_GRANULE)))
+        return max(1, min(limit, rung_above(math.ceil(rows * RUNG_RATIO), CAPACITY_GRANULE)))
 
 
 def leading_values(tensors: list[Tensor], columns: list[int | None] | None) -> list[Tensor]:

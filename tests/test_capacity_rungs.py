@@ -6,7 +6,7 @@ from collections import deque
 
 import pytest
 
-from bytesplat_ns.capacity_rungs import RUNGS_PER_DOUBLING, rung_above
+from bytesplat_ns.capacity_rungs import RUNG_RATIO, RUNGS_PER_DOUBLING, rung_above
 from bytesplat_ns.grad_compaction import CAPACITY_GRANULE, SparseRowExchange
 
 
@@ -32,17 +32,30 @@ def test_a_drifting_count_moves_the_rung_rarely():
 
 
 def test_the_exchange_keeps_its_capacity_through_small_drifts():
-    """The capacity in use stays while the one the counts ask for lies within keep_above of it; it grows as soon as
-    they ask for more, and shrinks once they ask for clearly less."""
+    """A new capacity has a rung of room above what the counts ask for; it stays while they ask for at most that
+    and not less than keep_above of it, grows as soon as they ask for more and shrinks once they ask for clearly
+    less."""
     exchange = SparseRowExchange()
     limit = 2_000_000
-    window = deque([0.35])
-    first = exchange._next_capacity(window, limit, 0)
-    assert first >= 0.35 * exchange.headroom * limit
-    for fraction in (0.35, 0.345, 0.33, 0.34, 0.32):  # asks for at most what is in use, and not 10% less
-        assert exchange._next_capacity(deque([fraction]), limit, first) == first
-    grown = exchange._next_capacity(deque([0.37]), limit, first)
-    assert grown > first and grown >= 0.37 * exchange.headroom * limit
-    assert exchange._next_capacity(deque([0.2]), limit, first) < first
-    assert exchange._next_capacity(deque(), limit, first) == limit  # no counts read yet: every row
-    assert exchange._next_capacity(deque([0.9]), limit, first) == limit  # never past every row
+    first = exchange._next_capacity(deque([0.35]), limit, 0, reshaped=False)
+    asked = 0.35 * exchange.headroom * limit
+    assert asked * RUNG_RATIO <= first <= rung_above(int(asked * RUNG_RATIO * RUNG_RATIO), CAPACITY_GRANULE)
+    for fraction in (0.35, 0.345, 0.33, 0.34, 0.32, 0.37):  # drifts, and growth within the rung of room
+        assert exchange._next_capacity(deque([fraction]), limit, first, reshaped=False) == first
+    grown = exchange._next_capacity(deque([0.45]), limit, first, reshaped=False)
+    assert grown > first and grown >= 0.45 * exchange.headroom * limit
+    assert exchange._next_capacity(deque([0.2]), limit, first, reshaped=False) < first
+    assert exchange._next_capacity(deque(), limit, first, reshaped=False) == limit  # no counts read yet: every row
+    assert exchange._next_capacity(deque([0.9]), limit, first, reshaped=False) == limit  # never past every row
+
+
+def test_the_exchange_chooses_its_capacity_anew_when_the_gradients_change_shape():
+    """The step graph records the exchange again when the splats' rows or the SH degree change: the capacity then
+    moves to what the counts ask for now (a rung of room above it), though the one in use would still do."""
+    exchange = SparseRowExchange()
+    limit = 2_000_000
+    first = exchange._next_capacity(deque([0.35]), limit, 0, reshaped=False)
+    kept = exchange._next_capacity(deque([0.32]), limit, first, reshaped=False)
+    anew = exchange._next_capacity(deque([0.32]), limit, first, reshaped=True)
+    assert kept == first and anew < first
+    assert anew == exchange._next_capacity(deque([0.32]), limit, 0, reshaped=False)
