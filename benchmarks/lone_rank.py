@@ -17,6 +17,9 @@ GPU's kernels by name). Prints a table last; writes --json.
 
     python3 benchmarks/lone_rank.py --data .device-kit/data/lego --views 2000 --json $OUT/lone_rank.json
     python3 benchmarks/lone_rank.py --data .device-kit/data/lego --also "--pipeline.exchange-peer-reads True"
+    python3 benchmarks/lone_rank.py --data .device-kit/data/lego --views 7000 --versions 726431a . --rounds 2
+
+(--versions: earlier commits packed as versions_ab.py says, against this checkout, on the same machine.)
 
 `python3 benchmarks/lone_rank.py --as-rank-0-of-2 ns-train bytesplat ...` is the lone rank's launcher (ns-train's
 own arguments after it).
@@ -33,6 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scaling_runs import finish_run, lego_scene, room_scene, start_run  # noqa: E402
+from versions_ab import HERE, build_extension, environment, unpack  # noqa: E402
+
+PACKS = HERE / ".build-cache" / "versions"
 
 LAUNCHER = "--as-rank-0-of-2"
 
@@ -61,11 +67,14 @@ def as_rank_0_of_2(ns_train_argv: list[str]) -> None:
     ns_train.entrypoint()
 
 
-def run(scene, views: int, out: Path, name: str, profile_steps: int, lone: bool, extra: list[str]) -> dict:
+def run(scene, views: int, out: Path, name: str, profile_steps: int, lone: bool, extra: list[str],
+        version: str = ".") -> dict:  # fmt: skip
+    """One run of `version` (versions_ab.py: "." this checkout, else a commit packed in .build-cache/versions)."""
     launcher = (sys.executable, __file__, LAUNCHER) if lone else ()
-    job = start_run(scene, views, 1, out, name, profile_steps=profile_steps, extra=extra, launcher=launcher)
+    env = None if version == "." else environment(unpack(version, PACKS, out / "versions"))
+    job = start_run(scene, views, 1, out, name, profile_steps=profile_steps, extra=extra, env=env, launcher=launcher)
     record = finish_run(job, evaluate=False)
-    return {"run": name, "lone_rank_of_two": lone, "train_args": " ".join(extra), **record}
+    return {"run": name, "version": version, "lone_rank_of_two": lone, "train_args": " ".join(extra), **record}
 
 
 def replayed_ms(record: dict) -> float:
@@ -87,16 +96,31 @@ def main() -> None:
         default=[],
         help="ns-train options of one more lone-rank run, on top of --train-args (repeatable)",
     )
+    parser.add_argument(
+        "--versions",
+        nargs="+",
+        default=["."],
+        help='commits packed in .build-cache/versions (versions_ab.py), "." this checkout: both runs of each, '
+        "in alternating order each round",
+    )
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("/tmp/lone-rank"))
     parser.add_argument("--json", type=Path, default=Path("lone_rank.json"))
     args = parser.parse_args()
     scene = room_scene(args.room) if args.room else lego_scene(args.data)
     extra = args.train_args.split()
     began = time.perf_counter()
-    runs = [
-        run(scene, args.views, args.out, "gpus1", args.profile_steps, False, extra),
-        run(scene, args.views, args.out, "lone-rank", args.profile_steps, True, extra),
-    ]
+    for version in args.versions:  # each version's extension built (or loaded) before the timed runs
+        if version != ".":
+            build_extension(unpack(version, PACKS, args.out / "versions"))
+    runs = []
+    for round_ in range(args.rounds):
+        for version in args.versions if round_ % 2 == 0 else args.versions[::-1]:
+            label = "" if args.versions == ["."] and args.rounds == 1 else f"-{version.strip('.') or 'here'}-{round_}"
+            runs += [
+                run(scene, args.views, args.out, f"gpus1{label}", args.profile_steps, False, extra, version),
+                run(scene, args.views, args.out, f"lone-rank{label}", args.profile_steps, True, extra, version),
+            ]
     for i, more in enumerate(args.also):
         runs.append(run(scene, args.views, args.out, f"lone-rank-{i + 2}", args.profile_steps, True,
                         extra + more.split()))  # fmt: skip
@@ -107,13 +131,13 @@ def main() -> None:
     for r in runs:
         top = r["step_profiles"][0]["top_gpu_kernels_ms"] if r["step_profiles"] else {}
         print(f"{r['run']}: GPU kernels ms/step: " + ", ".join(f"{k[:50]} {v:.3f}" for k, v in list(top.items())[:8]))
-    print(f"{'run':<10} {'steps':>6} {'views/s':>8} {'replayed ms':>12} {'replays':>8} {'prof host':>10} "
+    print(f"{'run':<18} {'steps':>6} {'views/s':>8} {'replayed ms':>12} {'replays':>8} {'prof host':>10} "
           f"{'prof GPU':>9} {'launches':>9}  phases (host ms/step)")  # fmt: skip
     nan = float("nan")
     for r in runs:
         prof = r["step_profiles"][0] if r["step_profiles"] else {}
         phases = ", ".join(f"{k} {v:.3f}" for k, v in r["phase_ms"].items())
-        print(f"{r['run']:<10} {r['steps']:6d} {r['views_per_second']:8.1f} {replayed_ms(r):12.3f} "
+        print(f"{r['run']:<18} {r['steps']:6d} {r['views_per_second']:8.1f} {replayed_ms(r):12.3f} "
               f"{r.get('graph_replays') or 0:8d} {prof.get('host_ms', nan):10.3f} "
               f"{prof.get('gpu_kernel_ms', nan):9.3f} {prof.get('launches', nan):9.1f}  {phases}")  # fmt: skip
     for i, more in enumerate(args.also):
