@@ -3,9 +3,10 @@
 gsplat's binning reads the number of (splat, tile) entries back to the host to size its buffers, which makes
 the host wait for the GPU once per step. The fused backend bins into buffers of a capacity fixed beforehand
 (cuda/csrc/bin_tiles.h) and the true count is read `lag` renders later (late_read.py):
-- the capacity is `headroom` times the larger of the largest count of the last `window` renders and the
-  largest entries-per-splat of those renders times the splats now, rounded up to `granule` (so a refine that
-  adds splats raises the capacity at once, and one that removes splats does not lower it);
+- the capacity is `headroom` times the larger of the largest count of the last `window` renders (on the tile
+  side about to be binned) and the largest entries-per-splat of those renders times the splats now, rounded up
+  to `granule` (so a refine that adds splats raises the capacity at once, and one that removes splats does not
+  lower it);
 - it is exact (one host read, its count known at once) for the first render, and whenever the splat count
   changed since the last render (densification ran);
 - a render whose count exceeded its capacity loses the entries of its last splats (in index order) for that
@@ -62,8 +63,10 @@ class BinCapacity:
     """The training camera whose binning is observed next (its index), or None."""
     entries_by_view: dict[int, int] = field(default_factory=dict)
     """Training camera index -> the entry count of its latest binning read."""
-    _counts: deque = field(default_factory=deque)
-    """(entries, splats, tile side) of the last `window` renders read."""
+    _entries: dict[int, deque] = field(default_factory=dict)
+    """Tile side -> the entry counts of the last `window` renders read on it."""
+    _per_splat: dict[int, deque] = field(default_factory=dict)
+    """Tile side -> those renders' entries per splat."""
     _late: LateQueue | None = None
     """The renders' counts, tagged with their capacities."""
     _splats: int = -1
@@ -85,7 +88,7 @@ class BinCapacity:
 
     def needs_exact(self, num_splats: int) -> bool:
         """Whether the next binning of `num_splats` splats will be exact (`next` returns EXACT); changes nothing."""
-        return num_splats != self._splats or not (self._counts or self._late.ready)
+        return num_splats != self._splats or not (self._entries or self._late.ready)
 
     def next(self, num_splats: int, tile_size: int) -> int:
         """The capacity of the next binning of `num_splats` splats on tiles of `tile_size` pixels, or EXACT."""
@@ -95,11 +98,11 @@ class BinCapacity:
         if exact:
             self._splats = num_splats
             return EXACT
-        seen = [(count, splats) for count, splats, side in self._counts if side == tile_size]
-        if not seen:  # counts on the other tile side only, so far
-            seen = [(count * side_factor(side, tile_size), splats) for count, splats, side in self._counts]
-        largest = max(count for count, _ in seen)
-        per_splat = max(count / max(1, splats) for count, splats in seen)
+        if tile_size in self._entries:
+            largest, per_splat = max(self._entries[tile_size]), max(self._per_splat[tile_size])
+        else:  # counts on the other tile side only, so far
+            largest = max(max(e) * side_factor(side, tile_size) for side, e in self._entries.items())
+            per_splat = max(max(p) * side_factor(side, tile_size) for side, p in self._per_splat.items())
         rows = math.ceil(max(largest, per_splat * num_splats) * self.headroom)
         return max(self.granule, -(-rows // self.granule) * self.granule)
 
@@ -119,6 +122,7 @@ class BinCapacity:
     def _add(self, count: int, splats: int, side: int, view: int | None) -> None:
         if view is not None:
             self.entries_by_view[view] = count
-        self._counts.append((count, splats, side))
-        if len(self._counts) > self.window:
-            self._counts.popleft()
+        if side not in self._entries:
+            self._entries[side], self._per_splat[side] = deque(maxlen=self.window), deque(maxlen=self.window)
+        self._entries[side].append(count)  # C-level max over these each step: the host's step is short
+        self._per_splat[side].append(count / max(1, splats))
