@@ -32,21 +32,21 @@ once (spread over the owners) and each owner its slice of their union once, wher
 rows to each of the W - 1 others. The owners' header rows carry the largest count they received in the third
 value, so the capacities of both rounds come from the gathered headers.
 
-The capacities are the same on every rank (they come from the gathered counts and the capacities before them):
-the largest count of the last `window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W
+The capacities are the same on every rank (they come from the gathered counts and the capacities before them): the
+largest count of the last `window` exchanges, as a fraction of the rows one buffer can hold at most (N; N / W
 rounded up for an owner's), times `headroom`, plus one rung of room for the splats' growth, rounded up to a rung
 (capacity_rungs.py: multiples of 1024 rows about 9% apart); kept while what the counts ask for falls within
-`keep_above` of the capacity in use, except when the gradients change shape (densification moved the splats' rows
-to another rung, the SH degree grew): the step graph records the exchange again when a capacity changes, and
-records it then anyway, so the capacity moves with the rows and not at a step of its own (lego as rank 0 of two,
-benchmarks/lone_rank.py: 56 recordings in 3500 steps against one GPU's 22, benchmarks/RESULTS.md, forty-eighth
-session); every row until the first counts are read. A rank with more non-zero
-rows than a buffer's capacity (its view saw far more than the recent ones) sends `capacity` of them and keeps the
-rest as a residual, added to its next gradient: sent a step late, not lost, and the capacity grows once that
-exchange's counts are read (`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit.
-A residual pending when densification changes the splat count is dropped (its row indices no longer mean
-anything). The pack kernel reads and clears the residual only while it holds rows (a count on the device,
-`HeldRows`), so the usual step, whose rows all fit, makes no pass over it.
+`keep_above` of the capacity in use, except when the gradients change shape (densification moved the splats' rows to
+another rung, the SH degree grew): the step graph records the exchange again when a capacity changes, and records it
+then anyway, so the capacity moves with the rows and not at a step of its own (lego as rank 0 of two,
+benchmarks/lone_rank.py: 56 recordings in 3500 steps against one GPU's 22, benchmarks/RESULTS.md, forty-seventh
+session); every row until the first counts are read. A rank with more non-zero rows than a buffer's capacity (its
+view saw far more than the recent ones) sends `capacity` of them and keeps the rest as a residual, added to its next
+gradient: sent a step late, not lost, and the capacity grows once that exchange's counts are read
+(`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit. A residual pending when
+densification changes the splat count is dropped (its row indices no longer mean anything). The pack kernel reads
+and clears the residual only while it holds rows (a count on the device, `HeldRows`), so the usual step, whose rows
+all fit, makes no pass over it.
 
 One step late (`one_step_late`, late_update.py): the device part splits in two. `pack_for_later`, at the end of
 a step, packs its rows into a buffer kept for the next step; `gather_packed`, at the start of the next, all-gathers
