@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lone_rank import LAUNCHER as LONE_RANK  # noqa: E402
+from lone_rank import RUNNER as LONE_RANK  # noqa: E402
 from quality_seeds import OFFLINE, Run, start  # noqa: E402
 from run_summary import run_summary  # noqa: E402
 
@@ -123,9 +123,8 @@ def train(args: argparse.Namespace, name: str, wrapper: list[str]) -> Run:
     """Train bytesplat on args.data for args.steps views (args.seed, args.options; with args.lone_rank as rank 0 of
     two, lone_rank.py), started through `wrapper`; fails unless ns-train exits cleanly. Also gpu_pace.py's."""
     run = Run(name, args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / f"{name}.log")
-    lone_rank = (str(Path(__file__).parent / "lone_rank.py"), LONE_RANK)
-    start(run, args.steps, args.data, args.out, wrapper=wrapper,
-          runner=(sys.executable, *(lone_rank if args.lone_rank else [OFFLINE])))  # fmt: skip
+    runner = LONE_RANK if args.lone_rank else (sys.executable, OFFLINE)
+    start(run, args.steps, args.data, args.out, wrapper=wrapper, runner=runner)
     if run.process.wait() != 0:
         raise SystemExit(f"{name}: ns-train failed (exit {run.process.returncode}); see {run.log}")
     return run

@@ -41,6 +41,8 @@ from versions_ab import HERE, build_extension, environment, unpack  # noqa: E402
 PACKS = HERE / ".build-cache" / "versions"
 
 LAUNCHER = "--as-rank-0-of-2"
+RUNNER = (sys.executable, str(Path(__file__).resolve()), LAUNCHER)
+"""The command that runs `ns-train ...` (its arguments after it) as the lone rank."""
 
 
 def as_rank_0_of_2(ns_train_argv: list[str]) -> None:
@@ -70,7 +72,7 @@ def as_rank_0_of_2(ns_train_argv: list[str]) -> None:
 def run(scene, views: int, out: Path, name: str, profile_steps: int, lone: bool, extra: list[str],
         version: str = ".") -> dict:  # fmt: skip
     """One run of `version` (versions_ab.py: "." this checkout, else a commit packed in .build-cache/versions)."""
-    launcher = (sys.executable, __file__, LAUNCHER) if lone else ()
+    launcher = RUNNER if lone else ()
     env = None if version == "." else environment(unpack(version, PACKS, out / "versions"))
     job = start_run(scene, views, 1, out, name, profile_steps=profile_steps, extra=extra, env=env, launcher=launcher)
     record = finish_run(job, evaluate=False)

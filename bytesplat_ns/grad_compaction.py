@@ -44,9 +44,10 @@ session); every row until the first counts are read. A rank with more non-zero r
 view saw far more than the recent ones) sends `capacity` of them and keeps the rest as a residual, added to its next
 gradient: sent a step late, not lost, and the capacity grows once that exchange's counts are read
 (`ExchangeStats.overflows`); an owner likewise holds back the sums that do not fit. A residual pending when
-densification changes the splat count is dropped (its row indices no longer mean anything). The pack kernel reads
-and clears the residual only while it holds rows (a count on the device, `HeldRows`), so the usual step, whose rows
-all fit, makes no pass over it.
+densification renumbers the splats is dropped (its row indices no longer mean anything): by `forget_held_rows`,
+which the trainer calls before its callbacks edit the splats, and by `begin` when the splat count has changed. The
+pack kernel reads and clears the residual only while it holds rows (a count on the device, `HeldRows`), so the usual
+step, whose rows all fit, makes no pass over it.
 
 One step late (`one_step_late`, late_update.py): the device part splits in two. `pack_for_later`, at the end of
 a step, packs its rows into a buffer kept for the next step; `gather_packed`, at the start of the next, all-gathers

@@ -157,7 +157,6 @@ class StepGraph:
         self.info: tuple | None = None
         self.stream = torch.cuda.Stream(device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # the guard's step number in the graph
-        self.captures = 0
         self.replays = 0
         self.record_seconds = 0.0
         self.eager: Counter[str] = Counter()
@@ -209,6 +208,11 @@ class StepGraph:
         self.model.info, self.model.pruned = self.info  # an evaluation or viewer render since may have replaced them
         self.replays += 1
         return self.outputs, self.pipeline.end_exchange() if note is not None else None
+
+    @property
+    def captures(self) -> int:
+        """Recordings made."""
+        return sum(self.recorded.values())
 
     def summary(self) -> str:
         eager = ", ".join(f"{n} {why}" for why, n in self.eager.items())
@@ -270,7 +274,6 @@ class StepGraph:
             old.reset()  # never replayed again: the new graph has taken over its pool
         self.graph, self.key, self.outputs = graph, key, detach_outputs(outputs)
         self.info = (_detached_info(self.model.info), self.model.pruned)  # the recorded render's, for densification
-        self.captures += 1
         self.record_seconds += time.perf_counter() - began
 
     def _key(self, camera, batch: dict) -> tuple | None:

@@ -63,10 +63,8 @@ class BinCapacity:
     """The training camera whose binning is observed next (its index), or None."""
     entries_by_view: dict[int, int] = field(default_factory=dict)
     """Training camera index -> the entry count of its latest binning read."""
-    _entries: dict[int, deque] = field(default_factory=dict)
-    """Tile side -> the entry counts of the last `window` renders read on it."""
-    _per_splat: dict[int, deque] = field(default_factory=dict)
-    """Tile side -> those renders' entries per splat."""
+    _recent: dict[int, tuple[deque, deque]] = field(default_factory=dict)
+    """Tile side -> (entry counts, entries per splat) of the last `window` renders read on it."""
     _late: LateQueue | None = None
     """The renders' counts, tagged with their capacities."""
     _splats: int = -1
@@ -88,7 +86,7 @@ class BinCapacity:
 
     def needs_exact(self, num_splats: int) -> bool:
         """Whether the next binning of `num_splats` splats will be exact (`next` returns EXACT); changes nothing."""
-        return num_splats != self._splats or not (self._entries or self._late.ready)
+        return num_splats != self._splats or not (self._recent or self._late.ready)
 
     def next(self, num_splats: int, tile_size: int) -> int:
         """The capacity of the next binning of `num_splats` splats on tiles of `tile_size` pixels, or EXACT."""
@@ -98,11 +96,13 @@ class BinCapacity:
         if exact:
             self._splats = num_splats
             return EXACT
-        if tile_size in self._entries:
-            largest, per_splat = max(self._entries[tile_size]), max(self._per_splat[tile_size])
+        if tile_size in self._recent:
+            largest, per_splat = (max(values) for values in self._recent[tile_size])
         else:  # counts on the other tile side only, so far
-            largest = max(max(e) * side_factor(side, tile_size) for side, e in self._entries.items())
-            per_splat = max(max(p) * side_factor(side, tile_size) for side, p in self._per_splat.items())
+            largest, per_splat = (
+                max(max(values[i]) * side_factor(side, tile_size) for side, values in self._recent.items())
+                for i in (0, 1)
+            )
         rows = math.ceil(max(largest, per_splat * num_splats) * self.headroom)
         return max(self.granule, -(-rows // self.granule) * self.granule)
 
@@ -122,7 +122,8 @@ class BinCapacity:
     def _add(self, count: int, splats: int, side: int, view: int | None) -> None:
         if view is not None:
             self.entries_by_view[view] = count
-        if side not in self._entries:
-            self._entries[side], self._per_splat[side] = deque(maxlen=self.window), deque(maxlen=self.window)
-        self._entries[side].append(count)  # C-level max over these each step: the host's step is short
-        self._per_splat[side].append(count / max(1, splats))
+        if side not in self._recent:
+            self._recent[side] = deque(maxlen=self.window), deque(maxlen=self.window)
+        entries, per_splat = self._recent[side]
+        entries.append(count)  # C-level max over these each step: the host's step is short
+        per_splat.append(count / max(1, splats))
