@@ -59,15 +59,6 @@ def lane_of_pair(pair: int, num_lanes: int) -> int:
     return pair % num_lanes
 
 
-def assign_pairs(num_pairs: int, num_lanes: int) -> list[list[int]]:
-    """Pair indices of each lane, in order; the longest lane has ceil(num_pairs / num_lanes) pairs, the fewest
-    possible."""
-    lanes: list[list[int]] = [[] for _ in range(num_lanes)]
-    for pair in range(num_pairs):
-        lanes[lane_of_pair(pair, num_lanes)].append(pair)
-    return lanes
-
-
 def cuda_visible_devices(gpus: Sequence[int], inherited: str | None) -> str:
     """CUDA_VISIBLE_DEVICES for a worker given `gpus`, numbered as this process sees them: through the
     CUDA_VISIBLE_DEVICES this process was started with (`inherited`), if any (e.g. "2,3": GPU 0 here is "2")."""
