@@ -116,20 +116,22 @@ def main() -> None:
         if version != ".":
             build_extension(unpack(version, PACKS, args.out / "versions"))
     runs = []
+    record = {"scene": scene.name, "views": args.views, "train_args": args.train_args, "runs": runs}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(run_record: dict) -> None:
+        """Keep a finished run in --json at once: a call's time limit keeps the runs done before it."""
+        runs.append(run_record)
+        record["wall_s"] = time.perf_counter() - began
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+
     for round_ in range(args.rounds):
         for version in args.versions if round_ % 2 == 0 else args.versions[::-1]:
             label = "" if args.versions == ["."] and args.rounds == 1 else f"-{version.strip('.') or 'here'}-{round_}"
-            runs += [
-                run(scene, args.views, args.out, f"gpus1{label}", args.profile_steps, False, extra, version),
-                run(scene, args.views, args.out, f"lone-rank{label}", args.profile_steps, True, extra, version),
-            ]
+            add(run(scene, args.views, args.out, f"gpus1{label}", args.profile_steps, False, extra, version))
+            add(run(scene, args.views, args.out, f"lone-rank{label}", args.profile_steps, True, extra, version))
     for i, more in enumerate(args.also):
-        runs.append(run(scene, args.views, args.out, f"lone-rank-{i + 2}", args.profile_steps, True,
-                        extra + more.split()))  # fmt: skip
-    record = {"scene": scene.name, "views": args.views, "train_args": args.train_args, "runs": runs,
-              "wall_s": time.perf_counter() - began}  # fmt: skip
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=2) + "\n")
+        add(run(scene, args.views, args.out, f"lone-rank-{i + 2}", args.profile_steps, True, extra + more.split()))
     for r in runs:
         top = r["step_profiles"][0]["top_gpu_kernels_ms"] if r["step_profiles"] else {}
         print(f"{r['run']}: GPU kernels ms/step: " + ", ".join(f"{k[:50]} {v:.3f}" for k, v in list(top.items())[:8]))
