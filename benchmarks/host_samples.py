@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lone_rank import RUNNER as LONE_RANK  # noqa: E402
-from quality_seeds import OFFLINE, Run, start  # noqa: E402
+from quality_seeds import RUNNER, Run, start  # noqa: E402
 from run_summary import run_summary  # noqa: E402
 
 LOOP_FRAME = re.compile(r"^(Trainer\.)?train \(.*nerfstudio/engine/trainer\.py:\d+\)$")
@@ -123,7 +123,7 @@ def train(args: argparse.Namespace, name: str, wrapper: list[str]) -> Run:
     """Train bytesplat on args.data for args.steps views (args.seed, args.options; with args.lone_rank as rank 0 of
     two, lone_rank.py), started through `wrapper`; fails unless ns-train exits cleanly. Also gpu_pace.py's."""
     run = Run(name, args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / f"{name}.log")
-    runner = LONE_RANK if args.lone_rank else (sys.executable, OFFLINE)
+    runner = LONE_RANK if args.lone_rank else RUNNER
     start(run, args.steps, args.data, args.out, wrapper=wrapper, runner=runner)
     if run.process.wait() != 0:
         raise SystemExit(f"{name}: ns-train failed (exit {run.process.returncode}); see {run.log}")

@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from run_summary import run_summary  # noqa: E402
 
 OFFLINE = str(Path(__file__).parent / "offline_nerfstudio.py")
+RUNNER = (sys.executable, OFFLINE)
+"""The command that runs `ns-train ...` (its arguments after it) offline, as every run here."""
 
 
 @dataclass
@@ -82,7 +84,7 @@ def plan(lanes: list[str], seeds: list[int], gpu_count: int, out: Path) -> list[
 
 def start(run: Run, views: int, data: Path, out: Path, dataparser: str = "blender-data",
           save_every: int | None = None, wrapper: Sequence[str] = (),
-          runner: Sequence[str] = (sys.executable, OFFLINE)) -> None:  # fmt: skip
+          runner: Sequence[str] = RUNNER) -> None:  # fmt: skip
     """Start ns-train for `run` in a new run folder (an earlier run's there is removed: its events would count as
     this run's): a checkpoint at the end (and every `save_every` views, all kept, if given); `wrapper`: a command
     that runs it (a profiler); `runner`: the script that takes ns-train's arguments (`ns-train METHOD ...`)."""
