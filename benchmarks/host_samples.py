@@ -9,6 +9,8 @@ the loop's time; each function's share of them, times the run's loop time per st
 time per step:
 - a tree of inclusive time per step below the loop (functions with at least --min-share of it, --depth levels);
 - the lines where the samples end (self time), the --top largest.
+With --native the stacks go on below the Python frames into C/C++ (torch, the CUDA driver, the interpreter's GIL):
+py-spy then pauses the process at each sample, which costs the loop more.
 The same training runs --plain-runs times without py-spy first, for the sampler's cost on the loop. Writes --json
 and the loop's samples beside it (<json stem>.loop_stacks.txt, collapsed stacks); table last. py-spy comes from
 --py-spy (a path) or --py-spy-wheel (its wheel, unpacked into --out).
@@ -104,6 +106,18 @@ def summarise(stacks: list[tuple[list[str], int]], loop_ms: float, depth: int, m
     return {"loop_samples": total, "loop_ms_per_step": loop_ms, "tree": rows, "self_lines": self_lines}
 
 
+def leaves_under(stacks: list[tuple[list[str], int]], function: str, loop_ms: float, top: int) -> list[dict]:
+    """Where the samples inside `function` (a frame's function name) end, the `top` largest, as host time per step:
+    with --native, the C/C++ frame each of its samples stops in."""
+    total = sum(count for _, count in stacks)
+    leaves: Counter[str] = Counter()
+    for frames, count in stacks:
+        if any(FRAME.match(f) and FRAME.match(f)["function"] == function for f in frames):
+            leaves[short(frames[-1], keep_line=True)] += count
+    us = 1000 * loop_ms / total
+    return [{"leaf": leaf, "us_per_step": count * us} for leaf, count in leaves.most_common(top)]
+
+
 def print_tree(rows: list[dict]) -> None:
     """Depth-first, each level's children by time."""
     children: dict[tuple, list[dict]] = {}
@@ -141,6 +155,10 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=6, help="levels of the tree below the loop")
     parser.add_argument("--min-share", type=float, default=0.01, help="smallest share of the loop shown")
     parser.add_argument("--top", type=int, default=25, help="self-time lines shown")
+    parser.add_argument("--native", action="store_true",
+                        help="C/C++ frames below the Python ones, where a call's time goes (py-spy --native: it pauses "
+                             "the process at each sample; keep --rate low)")
+    parser.add_argument("--under", nargs="*", default=[], help="functions whose samples' last frames are listed too")
     parser.add_argument("--py-spy", type=Path, help="the py-spy executable")
     parser.add_argument("--py-spy-wheel", type=Path, help="or its wheel")
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[], help="more ns-train options (last)")
@@ -152,7 +170,8 @@ def main() -> None:
     py_spy = args.py_spy or unpack_py_spy(args.py_spy_wheel, args.out / "py-spy-bin")
     plain = [run_summary(train(args, f"plain{i}", []).folder)["loop_ms_per_step"] for i in range(args.plain_runs)]
     raw = args.out / "samples.txt"  # py-spy's collapsed stacks of every thread, start-up included
-    wrapper = [str(py_spy), "record", "--nonblocking", "--idle", "--threads", "--full-filenames", "--format", "raw",
+    how = ["--native"] if args.native else ["--nonblocking"]  # native stacks need the process paused per sample
+    wrapper = [str(py_spy), "record", *how, "--idle", "--threads", "--full-filenames", "--format", "raw",
                "--rate", str(args.rate), "--output", str(raw), "--"]  # fmt: skip
     sampled = run_summary(train(args, "sampled", wrapper).folder)["loop_ms_per_step"]
     stacks = loop_stacks(raw)
@@ -162,11 +181,16 @@ def main() -> None:
     kept = [";".join(short(f, keep_line=True) for f in frames) + f" {count}" for frames, count in stacks]
     args.json.with_suffix(".loop_stacks.txt").write_text("\n".join(kept) + "\n")
     report = {
-        "steps": args.steps, "seed": args.seed, "rate": args.rate, "options": args.options,
+        "steps": args.steps, "seed": args.seed, "rate": args.rate, "native": args.native, "options": args.options,
         "loop_ms_per_step_plain": plain, "loop_ms_per_step_sampled": sampled,
         **summarise(stacks, sampled, args.depth, args.min_share, args.top),
     }  # fmt: skip
+    report["under"] = {name: leaves_under(stacks, name, sampled, args.top) for name in args.under}
     args.json.write_text(json.dumps(report, indent=1) + "\n")
+    for name, rows in report["under"].items():
+        print(f"where the samples inside {name} end:")
+        for row in rows:
+            print(f"{row['us_per_step']:8.1f} us  {row['leaf'][:160]}")
     print(f"lines where the loop's samples end (top {args.top}):")
     for row in report["self_lines"]:
         print(f"{row['us_per_step']:8.1f} us {100 * row['share']:5.1f}%  {row['line']}")
