@@ -155,9 +155,12 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=6, help="levels of the tree below the loop")
     parser.add_argument("--min-share", type=float, default=0.01, help="smallest share of the loop shown")
     parser.add_argument("--top", type=int, default=25, help="self-time lines shown")
-    parser.add_argument("--native", action="store_true",
-                        help="C/C++ frames below the Python ones, where a call's time goes (py-spy --native: it pauses "
-                             "the process at each sample; keep --rate low)")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="C/C++ frames below the Python ones, where a call's time goes (py-spy --native: it pauses "
+        "the process at each sample; keep --rate low)",
+    )
     parser.add_argument("--under", nargs="*", default=[], help="functions whose samples' last frames are listed too")
     parser.add_argument("--py-spy", type=Path, help="the py-spy executable")
     parser.add_argument("--py-spy-wheel", type=Path, help="or its wheel")
