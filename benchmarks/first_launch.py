@@ -7,7 +7,8 @@ benchmarks/launch_probe.py, the same calls alone in a process, took 18-27 us. Th
 from inside the process, through a sitecustomize module on PYTHONPATH that wraps them (the library is unchanged):
 per call its wall time, the thread's CPU time over it (wall well above CPU: the thread was off the CPU, waiting
 for the interpreter lock or descheduled; wall near CPU: it spun, in the driver or in Python), and whether the
-GPU's stream had finished its work just before (`torch.cuda.Stream.query`, timed too). Table last, --json.
+GPU's stream had finished its work just before (`torch.cuda.Stream.query`, timed too). --split times the
+learning rates' parts instead (the select, the fill, the same fill once more). Table last, --json.
 
     python3 benchmarks/first_launch.py --data .device-kit/data/lego --steps 7000 [--lone-rank] --json $OUT/fl.json
 """
@@ -45,7 +46,28 @@ def _timed(owner, name):
         return out
     setattr(owner, name, wrapper)
 
-_timed(adam_all_groups.AdamAllGroups, "load_learning_rates")
+def _split(self):
+    # load_learning_rates with its parts timed: the selects, the fills, the same fills once more
+    calls = _records.setdefault("load_learning_rates parts", [])
+    parts = [0, 0, 0, 0]
+    for index, opt in enumerate(self.optimizers.optimizers.values()):
+        lr = opt.param_groups[0]["lr"]
+        if lr != self._lr_values[index]:
+            t0 = time.perf_counter_ns()
+            view = self.lrs[index]
+            t1 = time.perf_counter_ns()
+            view.fill_(lr)
+            t2 = time.perf_counter_ns()
+            view.fill_(lr)  # the same value again: changes nothing
+            t3 = time.perf_counter_ns()
+            parts = [parts[0] + t1 - t0, parts[1] + t2 - t1, parts[2] + t3 - t2, parts[3] + 1]
+            self._lr_values[index] = lr
+    calls.append(parts)
+
+if os.environ.get("BYTESPLAT_SPLIT_LR"):
+    adam_all_groups.AdamAllGroups.load_learning_rates = _split
+else:
+    _timed(adam_all_groups.AdamAllGroups, "load_learning_rates")
 _timed(step_graph._GraphInputs, "load")
 
 @atexit.register
@@ -54,6 +76,14 @@ def _dump():
     with open(path, "w") as f:
         json.dump(_records, f)
 """
+
+
+def summarise_parts(calls: list[list]) -> dict:
+    """[(select ns, first fill ns, second fill ns, fills)] -> means in microseconds per step."""
+    steady = calls[len(calls) // 10 :]
+    mean = lambda i: statistics.mean(c[i] for c in steady) / (1 if i == 3 else 1000)  # noqa: E731
+    return {"calls": len(steady), "select_us_mean": mean(0), "fill_us_mean": mean(1), "fill_again_us_mean": mean(2),
+            "fills_per_step": mean(3)}  # fmt: skip
 
 
 def summarise(calls: list[list]) -> dict:
@@ -78,6 +108,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7000, help="views (steps with one GPU)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--lone-rank", action="store_true", help="train as rank 0 of two on one GPU (lone_rank.py)")
+    parser.add_argument("--split", action="store_true", help="time load_learning_rates' parts instead")
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[], help="more ns-train options (last)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/first-launch"))
     parser.add_argument("--json", type=Path, required=True)
@@ -89,6 +120,8 @@ def main() -> None:
         old.unlink()
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
     os.environ["BYTESPLAT_CALL_TIMES"] = str(args.out)
+    if args.split:
+        os.environ["BYTESPLAT_SPLIT_LR"] = "1"
     name = "lone-rank" if args.lone_rank else "one-gpu"
     run = Run(name, args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / f"{name}.log")
     start(run, args.steps, args.data, args.out, runner=LONE_RANK if args.lone_rank else RUNNER)
@@ -98,8 +131,9 @@ def main() -> None:
     records = {k: v for d in dumps for k, v in json.loads(d.read_text()).items() if v}
     if not records:
         raise SystemExit(f"No timed call in {args.out}: did the sitecustomize hook load? See {run.log}")
-    report = {"steps": args.steps, "lone_rank": args.lone_rank, "options": args.options,
-              "calls": {name: summarise(calls) for name, calls in records.items()}}  # fmt: skip
+    parts = {name: summarise_parts(calls) for name, calls in records.items() if "parts" in name}
+    calls = {name: summarise(calls) for name, calls in records.items() if "parts" not in name}
+    report = {"steps": args.steps, "lone_rank": args.lone_rank, "options": args.options, "calls": calls, "parts": parts}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{name}, {args.steps} views; us per call after the first tenth of the steps")
@@ -112,6 +146,11 @@ def main() -> None:
         cells = [s["wall_us_median"], s["wall_us_mean"], s["cpu_us_mean"], s["off_cpu_us_mean"], s["query_us_mean"]]
         numbers = " | ".join(f"{v:.1f}" for v in cells)
         print(f"| {call} | {s['calls']} | {numbers} | {100 * s['gpu_idle_fraction']:.0f}% | {idle} / {busy} |")
+    for call, s in report["parts"].items():
+        print(
+            f"{call}: select {s['select_us_mean']:.1f} us, fill {s['fill_us_mean']:.1f} us, the same fill again "
+            f"{s['fill_again_us_mean']:.1f} us; {s['fills_per_step']:.2f} fills a step ({s['calls']} steps)"
+        )
 
 
 if __name__ == "__main__":
