@@ -52,7 +52,7 @@ from bytesplat_ns.run_control import RunControl
 from bytesplat_ns.run_stats import RunStats
 from bytesplat_ns.step_graph import StepGraph, detach_outputs, ineligible
 from bytesplat_ns.step_profile import StepProfiler
-from bytesplat_ns.train_log import LateLogValues, log_timing_at_log_steps
+from bytesplat_ns.train_log import LateLogValues, flush_log_writers, log_timing_at_log_steps
 from bytesplat_ns.view_schedule import per_step_views, rescale_resumed_optimizers, resumed_start_step
 
 
@@ -279,6 +279,7 @@ class ByteSplatTrainer(Trainer):
         profiler (if asked for) wraps the same span."""
 
         def before_step(step: int) -> None:
+            flush_log_writers()  # the step before's scalars, one tensorboard event
             self.profiler.before_step(step)
             self.stats.start_step()
 
@@ -479,6 +480,7 @@ class ByteSplatTrainer(Trainer):
                 pass
         try:
             super().train()
+            flush_log_writers()  # the last step's
             if self.watchdog is not None:
                 self.watchdog.finish()
             if not self.is_main:  # rank 0 writes bytesplat_stats.json with its summary; the others beside it
