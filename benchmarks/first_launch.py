@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lone_rank import RUNNER as LONE_RANK  # noqa: E402
-from quality_seeds import RUNNER, Run, start  # noqa: E402
+from host_samples import train, training_arguments  # noqa: E402
 
 HOOK = """
 import atexit, json, os, time
@@ -103,15 +102,9 @@ def summarise(calls: list[list]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
-    parser.add_argument("--steps", type=int, default=7000, help="views (steps with one GPU)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--lone-rank", action="store_true", help="train as rank 0 of two on one GPU (lone_rank.py)")
+    parser = training_arguments(__doc__, "/tmp/first-launch")
     parser.add_argument("--split", action="store_true", help="time load_learning_rates' parts instead")
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[], help="more ns-train options (last)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/first-launch"))
-    parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     hook = args.out / "hook"
     hook.mkdir(parents=True, exist_ok=True)
@@ -123,10 +116,7 @@ def main() -> None:
     if args.split:
         os.environ["BYTESPLAT_SPLIT_LR"] = "1"
     name = "lone-rank" if args.lone_rank else "one-gpu"
-    run = Run(name, args.seed, "bytesplat", [0], ["--summary-eval", "False", *args.options], args.out / f"{name}.log")
-    start(run, args.steps, args.data, args.out, runner=LONE_RANK if args.lone_rank else RUNNER)
-    if run.process.wait() != 0:
-        raise SystemExit(f"ns-train failed (exit {run.process.returncode}); see {run.log}")
+    run = train(args, name, wrapper=[])
     dumps = list(args.out.glob("calls_*.json"))
     records = {k: v for d in dumps for k, v in json.loads(d.read_text()).items() if v}
     if not records:

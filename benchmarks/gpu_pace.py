@@ -90,17 +90,11 @@ def child() -> None:
 
 
 def main() -> None:
-    from host_samples import train
+    from host_samples import train, training_arguments
     from run_summary import run_summary
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
-    parser.add_argument("--steps", type=int, default=7000, help="views (steps with one GPU)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--lone-rank", action="store_true", help="train as rank 0 of two on one GPU (lone_rank.py)")
+    parser = training_arguments(__doc__, "/tmp/gpu-pace")
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[], help="more ns-train options (last)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/gpu-pace"))
-    parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     record = args.out / "steps.json"
     os.environ[RECORD_ENV] = str(record)

@@ -144,12 +144,21 @@ def train(args: argparse.Namespace, name: str, wrapper: list[str]) -> Run:
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_arguments(description: str, out: str) -> argparse.ArgumentParser:
+    """The options of a script that trains bytesplat on lego through `train` (this one's, gpu_pace.py's,
+    first_launch.py's); `out`: the default --out folder."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="lego (blender-data)")
     parser.add_argument("--steps", type=int, default=7000, help="views (steps with one GPU)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--lone-rank", action="store_true", help="train as rank 0 of two on one GPU (lone_rank.py)")
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--json", type=Path, required=True)
+    return parser
+
+
+def main() -> None:
+    parser = training_arguments(__doc__, "/tmp/host-samples")
     parser.add_argument("--rate", type=int, default=1000, help="samples per second")
     parser.add_argument("--plain-runs", type=int, default=1, help="runs without py-spy first, for its cost")
     parser.add_argument("--depth", type=int, default=6, help="levels of the tree below the loop")
@@ -165,8 +174,6 @@ def main() -> None:
     parser.add_argument("--py-spy", type=Path, help="the py-spy executable")
     parser.add_argument("--py-spy-wheel", type=Path, help="or its wheel")
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[], help="more ns-train options (last)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/host-samples"))
-    parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     if args.py_spy is None and args.py_spy_wheel is None:
         raise SystemExit("Give --py-spy PATH or --py-spy-wheel WHEEL (pip download py-spy --no-deps).")
