@@ -92,9 +92,14 @@ def tree(stacks: list[tuple[list[str], int]], depth: int) -> Counter[tuple[str, 
     return paths
 
 
+def us_per_sample(stacks: list[tuple[list[str], int]], loop_ms: float) -> float:
+    """Microseconds of loop time per step that one sample stands for."""
+    return 1000 * loop_ms / sum(count for _, count in stacks)
+
+
 def summarise(stacks: list[tuple[list[str], int]], loop_ms: float, depth: int, min_share: float, top: int) -> dict:
     total = sum(count for _, count in stacks)
-    us = 1000 * loop_ms / total  # microseconds of loop time per step that one sample stands for
+    us = us_per_sample(stacks, loop_ms)
     paths = tree(stacks, depth)
     rows = [{"path": list(path), "us_per_step": count * us, "share": count / total}
             for path, count in paths.items() if path and count / total >= min_share]  # fmt: skip
@@ -109,12 +114,11 @@ def summarise(stacks: list[tuple[list[str], int]], loop_ms: float, depth: int, m
 def leaves_under(stacks: list[tuple[list[str], int]], function: str, loop_ms: float, top: int) -> list[dict]:
     """Where the samples inside `function` (a frame's function name) end, the `top` largest, as host time per step:
     with --native, the C/C++ frame each of its samples stops in."""
-    total = sum(count for _, count in stacks)
     leaves: Counter[str] = Counter()
     for frames, count in stacks:
-        if any(FRAME.match(f) and FRAME.match(f)["function"] == function for f in frames):
+        if any((match := FRAME.match(f)) and match["function"] == function for f in frames):
             leaves[short(frames[-1], keep_line=True)] += count
-    us = 1000 * loop_ms / total
+    us = us_per_sample(stacks, loop_ms)
     return [{"leaf": leaf, "us_per_step": count * us} for leaf, count in leaves.most_common(top)]
 
 

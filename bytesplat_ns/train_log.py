@@ -13,9 +13,10 @@ from its Optimizers.scheduler_step_all), and writes them out at once: for tensor
 checksum in Python and a hand-over to a background writer thread that then competes with the training loop for
 the interpreter. `LogStepWriter` passes those on only at log steps, like every other training value (a learning
 rate decays smoothly; the console's running averages are unchanged: they never go through the writers; measured
-in benchmarks/RESULTS.md, twenty-third and fiftieth sessions). And it writes a step's scalars to tensorboard as
-one event (the same tags and values; tensorboard reads an event's several values as it reads one): a log step's
-ten scalars took some 1.2 ms of host time as ten events and 0.24 ms as one on the CPU machine (fiftieth session).
+in benchmarks/RESULTS.md, twenty-third and fiftieth sessions). `OneEventPerStep` writes a step's scalars to
+tensorboard as one event (the same tags and values; tensorboard reads an event's several values as it reads one):
+a log step's ten scalars took some 1.2 ms of host time as ten events and 0.24 ms as one on the CPU machine
+(fiftieth session).
 
 nerfstudio's console writer prints a line of its stats table at every log step: at a thousand steps a second a
 hundred lines a second, each some 0.3 ms of host time (py-spy, lego on one H200, benchmarks/RESULTS.md,
@@ -85,41 +86,53 @@ def _scalar(value: object) -> bool:
 
 class LogStepWriter(writer.Writer):
     """An event writer (tensorboard, wandb, comet) that gets the per-step scalars (`per_step`) only at log steps (every
-    `steps_per_log`, step 0 included) and everything else as it comes; for tensorboard, the scalars of a step are
-    held until `flush` (the start of the next step, flush_log_writers) and written as one event."""
+    `steps_per_log`, step 0 included) and everything else as it comes."""
 
     def __init__(self, inner: writer.Writer, steps_per_log: int) -> None:
         self.inner, self.every = inner, steps_per_log
-        self.held: list[Summary.Value] = []
-        """tensorboard: the scalars of step `held_step`, not yet written."""
-        self.held_step = -1
 
     def write_scalar(self, name: str, scalar, step: int) -> None:
-        if per_step(name) and self.every > 0 and step % self.every != 0:
-            return
-        if not isinstance(self.inner, writer.TensorboardWriter):
+        if not per_step(name) or self.every <= 0 or step % self.every == 0:
             self.inner.write_scalar(name, scalar, step)
-            return
-        if step != self.held_step:
-            self.flush()
-        self.held.append(Summary.Value(tag=name, simple_value=float(scalar)))  # as torch's SummaryWriter.add_scalar
-        self.held_step = step
 
     def write_scalar_dict(self, name: str, scalar_dict: dict, step: int) -> None:
-        for key, scalar in scalar_dict.items():  # the tags nerfstudio's Writer gives them
-            self.write_scalar(f"{name}/{key}", float(scalar), step)
-
-    def flush(self) -> None:
-        """Write the held scalars, one event (only rank 0 writes, as nerfstudio's tensorboard writer)."""
-        if self.held and comms.is_main_process():
-            self.inner.tb_writer._get_file_writer().add_summary(Summary(value=self.held), self.held_step)
-        self.held = []
+        self.inner.write_scalar_dict(name, scalar_dict, step)
 
     def write_image(self, name: str, image: Tensor, step: int) -> None:
         self.inner.write_image(name, image, step)
 
     def write_config(self, name: str, config_dict: dict, step: int) -> None:
         self.inner.write_config(name, config_dict, step)
+
+
+class OneEventPerStep(writer.Writer):
+    """nerfstudio's tensorboard writer with the scalars of a step held until `flush` (the start of the next step,
+    flush_log_writers; or a scalar of another step) and written as one event. Dictionaries go through
+    `write_scalar` value by value, with the tags nerfstudio's Writer gives them."""
+
+    def __init__(self, tensorboard: writer.TensorboardWriter) -> None:
+        self.tensorboard = tensorboard
+        self.held: list[Summary.Value] = []
+        """The scalars of step `held_step`, not yet written."""
+        self.held_step = -1
+
+    def write_scalar(self, name: str, scalar, step: int) -> None:
+        if step != self.held_step:
+            self.flush()
+        self.held.append(Summary.Value(tag=name, simple_value=float(scalar)))  # as torch's SummaryWriter.add_scalar
+        self.held_step = step
+
+    def flush(self) -> None:
+        """Write the held scalars, one event (only rank 0 writes, as nerfstudio's tensorboard writer)."""
+        if self.held and comms.is_main_process():
+            self.tensorboard.tb_writer._get_file_writer().add_summary(Summary(value=self.held), self.held_step)
+        self.held = []
+
+    def write_image(self, name: str, image: Tensor, step: int) -> None:
+        self.tensorboard.write_image(name, image, step)
+
+    def write_config(self, name: str, config_dict: dict, step: int) -> None:
+        self.tensorboard.write_config(name, config_dict, step)
 
 
 class ConsoleEvery:
@@ -144,19 +157,20 @@ CONSOLE_EVERY_S = 0.1
 
 
 def flush_log_writers() -> None:
-    """Write out what the LogStepWriters hold (called at the start of each step and at the end of training)."""
+    """Write out the tensorboard scalars held (OneEventPerStep; called at the start of each step and after training)."""
     for w in writer.EVENT_WRITERS:
-        if isinstance(w, LogStepWriter):
-            w.flush()
+        if isinstance(w, LogStepWriter) and isinstance(w.inner, OneEventPerStep):
+            w.inner.flush()
 
 
 def log_timing_at_log_steps(steps_per_log: int) -> None:
-    """Wrap nerfstudio's event writers (set up by its trainer) in LogStepWriter; the console writer prints at most
-    every CONSOLE_EVERY_S (ConsoleEvery)."""
+    """Wrap nerfstudio's event writers (set up by its trainer) in LogStepWriter, tensorboard's in OneEventPerStep
+    first; the console writer prints at most every CONSOLE_EVERY_S (ConsoleEvery)."""
     for w in writer.EVENT_WRITERS:
         if isinstance(w, writer.LocalWriter) and not isinstance(w.write_stats_log, ConsoleEvery):
             w.write_stats_log = ConsoleEvery(w.write_stats_log, steps_per_log, CONSOLE_EVERY_S)
+    one_event = lambda w: OneEventPerStep(w) if isinstance(w, writer.TensorboardWriter) else w  # noqa: E731
     writer.EVENT_WRITERS[:] = [
-        w if isinstance(w, (writer.LocalWriter, LogStepWriter)) else LogStepWriter(w, steps_per_log)
+        w if isinstance(w, (writer.LocalWriter, LogStepWriter)) else LogStepWriter(one_event(w), steps_per_log)
         for w in writer.EVENT_WRITERS
     ]
