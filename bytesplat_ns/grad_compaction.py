@@ -216,6 +216,8 @@ class SparseRowExchange:
     """[ceil(N / W), D] with owners: this rank's sums of the rows routed to it, its slice."""
     _note: Tensor | None = None
     """[1] int32 on the gradients' device: this exchange's note, written into the header on the device."""
+    _note_value: int = 0
+    """What `_note` holds: it is written only when the note changes (a pause or stop), not with a launch each step."""
     _round: tuple = ([], 0)
     """(notes, overflows) read by the last `begin`."""
     _gathered_headers: Tensor | None = None
@@ -301,7 +303,10 @@ class SparseRowExchange:
             self._sums = torch.empty(limit, width, device=device)
         if self._note is None or self._note.device != device:
             self._note = torch.zeros(1, dtype=torch.int32, device=device)
-        self._note.fill_(note)
+            self._note_value = 0
+        if note != self._note_value:
+            self._note.fill_(note)
+            self._note_value = note
         rows = self.capacity + 1 + (self.route_capacity + 1 if self._routed else 0)  # to each peer
         if self.peer_reads and self._late_counts:  # what the peers read: the rows counted
             rows = self._late_counts[dist.get_rank(self.group)] + 1

@@ -5,7 +5,8 @@ torch's dispatch, while the GPU's own work takes a fraction of that time (benchm
 records the step's GPU work once (render, fused loss, backward, densification statistics, non-finite guard, Adam)
 and replays it with one launch. What the host still does per step: take the next camera, write its row of the
 stored camera matrices and images (camera_matrices.py) into the graph's index (or, images not stored on the device,
-copy its image in), write changed learning rates on the device, replay, and queue the binning's entry count for its
+copy its image in), write changed learning rates on the device (and the step number, after a step op by op: the
+graph advances it itself), replay, and queue the binning's entry count for its
 late read (render/bin_capacity.py). Refines, logging, evaluation and checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
@@ -157,6 +158,7 @@ class StepGraph:
         self.info: tuple | None = None
         self.stream = torch.cuda.Stream(device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # the guard's step number in the graph
+        self._step_value: int | None = None  # what `step` holds once the queued work has run (None: not known)
         self.replays = 0
         self.record_seconds = 0.0
         self.eager: Counter[str] = Counter()
@@ -201,8 +203,10 @@ class StepGraph:
             self._record(key, camera, batch, rung_above(wanted, bins.granule))
             self.exchange_key = exchange_key
         self.inputs.load(camera, batch)
-        self.step.fill_(step)
+        if step != self._step_value:  # the graph advances `step` as its last op: no launch between replays
+            self.step.fill_(step)
         self.graph.replay()
+        self._step_value = step + 1
         bins.view = camera.metadata.get("cam_idx")
         bins.observe(self.bins.total, self.bins.capacity)
         self.model.info, self.model.pruned = self.info  # an evaluation or viewer render since may have replaced them
@@ -258,6 +262,7 @@ class StepGraph:
                 graph.capture_begin(pool=old.pool() if old is not None else None, capture_error_mode="thread_local")
                 try:
                     outputs = self.body(self.step, *self.inputs.gathered())
+                    self.step.add_(1)  # the next step's number, read by nothing after it in the step
                 finally:
                     graph.capture_end()
         except RuntimeError as error:
