@@ -140,7 +140,8 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
             visible = in_view(grads, rank, step)  # the pack kernel leaves the other rows unread
-            note = lambda s, r: 10 * (s // 2 % 2) + r  # noqa: E731; each note twice, then back: written on change
+            # each note on two steps, then back to the one before: the exchange writes a note only when it changes
+            note = lambda s, r: 10 * (s // 2 % 2) + r  # noqa: E731
             if graph:
                 stats = replayed.average(got, note=note(step, rank), visible=visible)
             else:
