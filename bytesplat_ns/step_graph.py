@@ -6,8 +6,8 @@ records the step's GPU work once (render, fused loss, backward, densification st
 and replays it with one launch. What the host still does per step: take the next camera, write its row of the
 stored camera matrices and images (camera_matrices.py) into the graph's index (or, images not stored on the device,
 copy its image in), write changed learning rates on the device (and the step number, after a step op by op: the
-graph advances it itself), replay, and queue the binning's entry count for its
-late read (render/bin_capacity.py). Refines, logging, evaluation and checkpoints run as before, between replays.
+graph advances it itself), replay, and queue the binning's entry count for its late read (render/bin_capacity.py).
+Refines, logging, evaluation and checkpoints run as before, between replays.
 
 A graph bakes in tensor addresses, shapes and Python decisions, so it is recorded again when one of them changes:
 - the splat parameters, their optimizer state or the densification statistics (a non-finite restore, and

@@ -66,6 +66,12 @@ def in_view(grads: list[torch.Tensor], rank: int, step: int) -> torch.Tensor:
     return (touched.cpu() | others).int().mul(3).to(grads[0].device)
 
 
+def sent_note(step: int, rank: int) -> int:
+    """The note `rank` sends at `step`: each on two steps, then back to the one before (the exchange writes its note
+    to the device only when it changes)."""
+    return 10 * (step // 2 % 2) + rank
+
+
 def relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max(float((g - w).norm() / w.norm().clamp_min(1e-30)) for g, w in zip(got, want))
 
@@ -140,14 +146,12 @@ def _worker(rank: int, world: int, init_file: str, half: bool, lag: int, route_f
             all_reduce_mean(want)
             got = [g.clone() for g in grads]
             visible = in_view(grads, rank, step)  # the pack kernel leaves the other rows unread
-            # each note on two steps, then back to the one before: the exchange writes a note only when it changes
-            note = lambda s, r: 10 * (s // 2 % 2) + r  # noqa: E731
             if graph:
-                stats = replayed.average(got, note=note(step, rank), visible=visible)
+                stats = replayed.average(got, note=sent_note(step, rank), visible=visible)
             else:
-                stats = exchange.average(got, note=note(step, rank), visible=visible, columns=columns)
+                stats = exchange.average(got, note=sent_note(step, rank), visible=visible, columns=columns)
             late = step - lag  # the exchange whose headers this one reads
-            assert stats.notes == ([note(late, r) for r in range(world)] if late >= 0 else [0] * world)
+            assert stats.notes == ([sent_note(late, r) for r in range(world)] if late >= 0 else [0] * world)
             if late <= dense_at:  # the dense step overflowed the capacity: reported when its headers are read
                 assert stats.overflows == int(late == dense_at), (step, stats)
             # nothing pending, nothing held back: exact before the dense step and, all-gathered, once the capacity
